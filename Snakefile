@@ -1,0 +1,34 @@
+# draftsmith: prompt datasets + a target LLM -> a trained, benchmarked EAGLE-3 draft.
+# Every artifact is a declared output under a content-addressed key; see
+# docs/architecture.md. Targets: `data` (merged shuffled JSONL), `verify`.
+
+from draftsmith import config as draftsmith_config
+from draftsmith.stages import plan_for
+
+
+configfile: "config.yaml"
+
+
+draftsmith_config.validate(config, source="config (" + ", ".join(map(str, workflow.configfiles)) + ")")
+PLAN = plan_for(config)
+LOGS = config["logs_dir"]
+
+
+include: "rules/common.smk"
+include: "rules/model.smk"
+include: "rules/responses.smk"
+include: "rules/tokens.smk"
+include: "rules/merge.smk"
+include: "rules/verify.smk"
+
+
+rule data:
+    input:
+        PLAN.merged_dir / "train.jsonl",
+        PLAN.merged_dir / "data_report.md",
+
+
+rule all:
+    default_target: True
+    input:
+        rules.data.input,

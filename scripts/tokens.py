@@ -1,0 +1,5 @@
+"""Snakemake entry point for rule `tokens` (logic: draftsmith.stages.tokenize_dataset)."""
+
+from draftsmith.stages import tokenize_dataset, from_snakemake
+
+from_snakemake(snakemake, tokenize_dataset)  # noqa: F821 (injected by Snakemake)

@@ -1,0 +1,124 @@
+"""Configuration loading and validation against schemas/config.schema.yaml.
+
+Errors name the key path and what was expected, e.g.
+`config: generation.openai.concurrency: expected integer, got 'eight'`.
+Defaults from the schema are filled in, so the rest of the code reads one
+complete dictionary.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the key path at fault in the message."""
+
+
+def _with_defaults(validator_class: type) -> type:
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema and name not in instance:
+                    instance[name] = copy.deepcopy(subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "<top level>"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed))
+        where = _key_path(error)
+        prefix = "" if where == "<top level>" else where + "."
+        return f"unknown key {', '.join(prefix + k for k in unknown)} (allowed: {', '.join(allowed)})"
+    if error.validator == "oneOf" and error.context:
+        # Report against the alternative the user meant (the one whose `kind` matches).
+        kind = error.instance.get("kind") if isinstance(error.instance, dict) else None
+        meant = [
+            e for e in error.context
+            if error.validator_value[e.schema_path[0]].get("properties", {})
+            .get("kind", {}).get("const") == kind
+        ]
+        if meant:
+            return _describe(jsonschema.exceptions.best_match(meant))
+        kinds = [s["properties"]["kind"]["const"] for s in error.validator_value]
+        return f"{_key_path(error)}.kind: expected one of {kinds}, got {kind!r}"
+    expected = {
+        "type": lambda: f"expected {error.validator_value}, got {error.instance!r}",
+        "enum": lambda: f"expected one of {error.validator_value}, got {error.instance!r}",
+        "required": lambda: f"missing field: {error.message.split(chr(39))[1]}",
+        "pattern": lambda: f"{error.instance!r} does not match {error.validator_value}",
+    }.get(error.validator, lambda: error.message)()
+    return f"{_key_path(error)}: {expected}"
+
+
+def validate(config: dict, source: str = "config") -> dict:
+    """Validate in place (filling defaults) and return the config."""
+    errors = sorted(_Validator(load_schema()).iter_errors(config), key=lambda e: list(e.path))
+    if errors:
+        lines = "\n".join(f"  - {_describe(e)}" for e in errors)
+        raise ConfigError(f"{source}: invalid configuration:\n{lines}")
+    _check_references(config, source)
+    return config
+
+
+def _check_references(config: dict, source: str) -> None:
+    names = set(config["datasets"])
+    merge = config["merge"]
+    for field, listed in (("merge.exclude", merge["exclude"]), ("merge.caps", merge["caps"])):
+        unknown = sorted(set(listed) - names)
+        if unknown:
+            raise ConfigError(f"{source}: {field}: unknown dataset(s) {unknown} (known: {sorted(names)})")
+    if not enabled_datasets(config, merged_only=True):
+        raise ConfigError(f"{source}: no dataset is both enabled and not excluded from the merge")
+
+
+def load(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return validate(config, str(path))
+
+
+def enabled_datasets(config: dict, merged_only: bool = False) -> list[str]:
+    names = [n for n, d in config["datasets"].items() if d.get("enabled", True)]
+    if merged_only:
+        names = [n for n in names if n not in config["merge"]["exclude"]]
+    return sorted(names)
+
+
+def dataset_settings(config: dict, name: str) -> dict[str, Any]:
+    """A dataset's entry with dataset_defaults and generation settings resolved."""
+    entry = copy.deepcopy(config["datasets"][name])
+    for field, value in config["dataset_defaults"].items():
+        entry.setdefault(field, value)
+    generation = {k: v for k, v in config["generation"].items() if k not in ("hf", "openai", "sglang")}
+    generation.update(entry.get("generation", {}))
+    entry["generation"] = generation
+    return entry

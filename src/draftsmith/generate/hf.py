@@ -1,0 +1,81 @@
+"""In-process generation with transformers: batched, greedy or sampled, CPU or GPU."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from draftsmith import target
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftsmith.datasets import Prompt
+from draftsmith.generate.records import Usage, response_record
+
+log = logging.getLogger("draftsmith.generate.hf")
+
+
+class HFBackend:
+    def __init__(self, dataset: str, hf_dir: str, model_info: dict, generation: dict, hf_cfg: dict,
+                 dtype: str) -> None:
+        import torch
+
+        self.dataset = dataset
+        self.generation = generation
+        self.batch_size = hf_cfg["batch_size"]
+        self.tokenizer = target.load_tokenizer(hf_dir)
+        self.tokenizer.padding_side = "left"
+        self.model = target.load_model(hf_dir, dtype, hf_cfg["device"])
+        tokens = model_info["special_tokens"]
+        self.stop_ids = sorted(set(tokens["end_of_turn"]["ids"]) | set(tokens["generation_config_eos_ids"]))
+        self.pad_id = tokens["pad_token_id"] if tokens["pad_token_id"] is not None else self.stop_ids[0]
+        torch.manual_seed(generation["seed"])
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        return self.tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False)
+
+    def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
+        encoded = [(p, self._encode(p)) for p in prompts]
+        # Length-sorted batches waste less compute on padding.
+        encoded.sort(key=lambda item: len(item[1]))
+        for start in range(0, len(encoded), self.batch_size):
+            for record in self._generate_batch(encoded[start:start + self.batch_size]):
+                emit(record)
+
+    def _generate_batch(self, batch: list[tuple[Prompt, list[int]]]) -> list[dict]:
+        import torch
+
+        width = max(len(ids) for _, ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (_, ids) in enumerate(batch):
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            attention[row, width - len(ids):] = 1
+        sampling = self.generation["temperature"] > 0
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.model.device),
+                attention_mask=attention.to(self.model.device),
+                max_new_tokens=self.generation["max_new_tokens"],
+                do_sample=sampling,
+                temperature=self.generation["temperature"] if sampling else None,
+                top_p=self.generation["top_p"] if sampling else None,
+                eos_token_id=self.stop_ids,
+                pad_token_id=self.pad_id,
+            )
+        return [self._record(prompt, ids, out[row, width:].tolist()) for row, (prompt, ids) in enumerate(batch)]
+
+    def _record(self, prompt: Prompt, prompt_ids: list[int], generated: list[int]) -> dict:
+        stop = next((i for i, t in enumerate(generated) if t in self.stop_ids), None)
+        if stop is not None:
+            generated = generated[: stop + 1]  # keep the end-of-turn id, as servers report it
+            text_ids, finish = generated[:-1], "stop"
+        else:
+            text_ids, finish = generated, "length"
+        return response_record(
+            prompt_id=prompt.id, dataset=self.dataset, index=prompt.index, messages=prompt.messages,
+            response=self.tokenizer.decode(text_ids), finish_reason=finish,
+            usage=Usage(len(prompt_ids), len(generated)),
+            response_token_ids=generated, prompt_token_ids=prompt_ids,
+        )

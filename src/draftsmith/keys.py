@@ -1,0 +1,150 @@
+"""Stage keys and artifact paths: the one place that says where each artifact lives.
+
+Every stage's outputs sit under `<artifacts>/<stage>/.../<key>/`, where the key
+hashes the stage's semantic parameters, its format version and its upstream
+keys (see `hashing.derive_key`). Two configs that agree on a stage's inputs and
+parameters get the same key and share the files; differing outputs sit side by
+side. Performance settings (batch size, concurrency, timeouts, prices) are not
+semantic and are left out on purpose.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith import config as cfg
+from draftsmith.hashing import HashCache, derive_key
+
+# Bump a stage's version when its output format or semantics change on purpose:
+# that stage and everything downstream rebuild, nothing upstream does.
+STAGE_VERSIONS = {"model": 1, "responses": 1, "tokens": 1, "merged": 1}
+
+# Generation settings that change what the target writes (the rest is speed).
+SEMANTIC_GENERATION = ("backend", "max_new_tokens", "temperature", "top_p", "seed", "system_prompt")
+
+HF_METADATA_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "model.safetensors.index.json",
+)
+
+
+def stage_key(stage: str, params: dict, upstream: dict[str, str] | None = None) -> str:
+    return derive_key(
+        {"stage": stage, "version": STAGE_VERSIONS[stage], "params": params, "upstream": upstream or {}}
+    )
+
+
+@dataclass
+class Plan:
+    """Keys and paths of every artifact a config asks for, computed at parse time."""
+
+    config: dict
+    hash_cache: HashCache
+    missing_sources: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.config["artifacts_dir"])
+        self.model_key = stage_key("model", self._model_params())
+        self.response_keys = {n: self._response_key(n) for n in self.generated_datasets}
+        self.token_keys = {n: self._token_key(n) for n in self.generated_datasets}
+        self.merged_key = stage_key(
+            "merged",
+            {"seed": self.config["merge"]["seed"], "caps": self.merge_caps()},
+            {f"tokens/{n}": self.token_keys[n] for n in self.merged_datasets},
+        )
+        self.hash_cache.save()
+        for path in self.missing_sources:
+            warnings.warn(
+                f"source not found: {path} (planning with a placeholder key; "
+                "the job that reads it will fail until it exists)",
+                stacklevel=2,
+            )
+
+    @property
+    def generated_datasets(self) -> list[str]:
+        return cfg.enabled_datasets(self.config)
+
+    @property
+    def merged_datasets(self) -> list[str]:
+        return cfg.enabled_datasets(self.config, merged_only=True)
+
+    # --- content of sources -------------------------------------------------
+    def _source_hash(self, path: str) -> str:
+        p = Path(path)
+        if not p.exists():
+            self.missing_sources.append(path)
+            return f"absent:{p.resolve()}"
+        if p.is_dir():
+            return self.hash_cache.tree_sha256(p)
+        return self.hash_cache.sha256(p)
+
+    def _model_params(self) -> dict:
+        model = self.config["model"]
+        source = dict(model["source"])
+        if source["kind"] == "gguf" and "sha256" not in source:
+            source["sha256"] = self._source_hash(source["path"])
+        if source["kind"] == "hf_dir":
+            source["metadata"] = self._hf_dir_fingerprint(Path(source["path"]))
+        for path_field in ("path",):
+            if path_field in source:
+                source[path_field] = str(Path(source[path_field]).resolve())
+        return {"source": source, "dtype": model["dtype"], "end_of_turn_ids": model.get("end_of_turn_ids")}
+
+    def _hf_dir_fingerprint(self, root: Path) -> dict:
+        # Hash the small metadata files; stat the weights (hashing a 600 GB target
+        # on every dry run is not an option).
+        if not root.is_dir():
+            self.missing_sources.append(str(root))
+            return {"absent": str(root.resolve())}
+        metadata = {n: self.hash_cache.sha256(root / n) for n in HF_METADATA_FILES if (root / n).exists()}
+        weights = {p.name: p.stat().st_size for p in sorted(root.glob("*.safetensors"))}
+        return {"files": metadata, "weights": weights}
+
+    def merge_caps(self) -> dict:
+        return {n: c for n, c in sorted(self.config["merge"]["caps"].items()) if n in self.merged_datasets}
+
+    def _response_key(self, name: str) -> str:
+        entry = cfg.dataset_settings(self.config, name)
+        generation = {k: entry["generation"].get(k) for k in SEMANTIC_GENERATION}
+        if generation["backend"] in ("openai", "sglang"):
+            generation["served_model"] = self.config["generation"]["openai"]["model"]
+        params = {
+            "source": self._source_hash(entry["path"]),
+            "format": entry["format"],
+            "prompt_field": entry["prompt_field"] if entry["format"] == "prompt" else None,
+            "split": entry["split"],
+            "max_samples": entry["max_samples"],
+            "max_prompt_tokens": entry["max_prompt_tokens"],
+            "generation": generation,
+        }
+        return stage_key("responses", params, {"model": self.model_key})
+
+    def _token_key(self, name: str) -> str:
+        tokenize = self.config["tokenize"]
+        return stage_key(
+            "tokens",
+            {"max_length": tokenize["max_length"]},
+            {"model": self.model_key, "responses": self.response_keys[name]},
+        )
+
+    # --- paths ---------------------------------------------------------------
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model" / self.model_key
+
+    def responses_dir(self, name: str) -> Path:
+        return self.root / "responses" / name / self.response_keys[name]
+
+    def tokens_dir(self, name: str) -> Path:
+        return self.root / "tokens" / name / self.token_keys[name]
+
+    @property
+    def merged_dir(self) -> Path:
+        return self.root / "merged" / self.merged_key
