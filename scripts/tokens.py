@@ -1,5 +1,5 @@
 """Snakemake entry point for rule `tokens` (logic: draftsmith.stages.tokenize_dataset)."""
 
-from draftsmith.stages import tokenize_dataset, from_snakemake
+from draftsmith.stages import from_snakemake, tokenize_dataset
 
 from_snakemake(snakemake, tokenize_dataset)  # noqa: F821 (injected by Snakemake)

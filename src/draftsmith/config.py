@@ -57,9 +57,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
         # Report against the alternative the user meant (the one whose `kind` matches).
         kind = error.instance.get("kind") if isinstance(error.instance, dict) else None
         meant = [
-            e for e in error.context
-            if error.validator_value[e.schema_path[0]].get("properties", {})
-            .get("kind", {}).get("const") == kind
+            e
+            for e in error.context
+            if error.validator_value[e.schema_path[0]].get("properties", {}).get("kind", {}).get("const")
+            == kind
         ]
         if meant:
             return _describe(jsonschema.exceptions.best_match(meant))

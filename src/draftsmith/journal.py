@@ -22,7 +22,7 @@ class Journal:
         if self.path.exists():
             self._load()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self.path, "a", encoding="utf-8")
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
 
     def _load(self) -> None:
         raw = self.path.read_bytes()

@@ -37,7 +37,12 @@ HF_METADATA_FILES = (
 
 def stage_key(stage: str, params: dict, upstream: dict[str, str] | None = None) -> str:
     return derive_key(
-        {"stage": stage, "version": STAGE_VERSIONS[stage], "params": params, "upstream": upstream or {}}
+        {
+            "stage": stage,
+            "version": STAGE_VERSIONS[stage],
+            "params": params,
+            "upstream": upstream or {},
+        }
     )
 
 
@@ -95,7 +100,11 @@ class Plan:
         for path_field in ("path",):
             if path_field in source:
                 source[path_field] = str(Path(source[path_field]).resolve())
-        return {"source": source, "dtype": model["dtype"], "end_of_turn_ids": model.get("end_of_turn_ids")}
+        return {
+            "source": source,
+            "dtype": model["dtype"],
+            "end_of_turn_ids": model.get("end_of_turn_ids"),
+        }
 
     def _hf_dir_fingerprint(self, root: Path) -> dict:
         # Hash the small metadata files; stat the weights (hashing a 600 GB target

@@ -18,7 +18,15 @@ from draftsmith import atomic
 from draftsmith.hashing import sha256_file
 
 MANIFEST_NAME = "manifest.json"
-_LIBRARIES = ("draftsmith", "snakemake", "torch", "transformers", "tokenizers", "safetensors", "httpx")
+_LIBRARIES = (
+    "draftsmith",
+    "snakemake",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "httpx",
+)
 
 
 def library_versions() -> dict[str, str | None]:

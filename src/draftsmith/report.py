@@ -36,15 +36,27 @@ def dataset_row(name: str, responses: dict, tokens: dict, merged: int) -> dict:
 
 
 def totals(rows: list[dict]) -> dict:
-    summed = ("rows", "bad_rows", "generated", "merged", "tokens", "supervised_tokens",
-              "truncated", "dropped", "completion_tokens", "cost_usd")
+    summed = (
+        "rows",
+        "bad_rows",
+        "generated",
+        "merged",
+        "tokens",
+        "supervised_tokens",
+        "truncated",
+        "dropped",
+        "completion_tokens",
+        "cost_usd",
+    )
     total = {k: sum(r[k] for r in rows) for k in summed}
     total["dataset"] = "total"
     total["cost_usd"] = round(total["cost_usd"], 6)
     checked = [r for r in rows if r["roundtrip_mismatch_rate"] is not None]
     total["roundtrip_mismatch_rate"] = (
         sum(r["roundtrip_mismatch_rate"] * r["with_backend_ids"] for r in checked)
-        / max(sum(r["with_backend_ids"] for r in checked), 1) if checked else None
+        / max(sum(r["with_backend_ids"] for r in checked), 1)
+        if checked
+        else None
     )
     return total
 
@@ -64,8 +76,16 @@ def markdown(report: dict) -> str:
     head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
     rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
     body = ["| " + " | ".join(_cell(r[k]) for k, _ in COLUMNS) + " |" for r in rows]
-    lines = [f"# Data report: {report['experiment']}", "", f"merged key `{report['key']}`, "
-             f"seed {report['seed']}, max_length {report['max_length']}", "", head, rule, *body, ""]
+    lines = [
+        f"# Data report: {report['experiment']}",
+        "",
+        f"merged key `{report['key']}`, seed {report['seed']}, max_length {report['max_length']}",
+        "",
+        head,
+        rule,
+        *body,
+        "",
+    ]
     if report["excluded"]:
         lines.append(f"Excluded from the merge: {', '.join(report['excluded'])}")
     return "\n".join(lines) + "\n"

@@ -64,11 +64,11 @@ def lookalikes(tokenizer, token_ids: list[int]) -> dict[str, list[int]]:
         piece = tokenizer.convert_ids_to_tokens(token_id)
         text = tokenizer.decode([token_id])
         same = sorted(
-            i for s, i in vocab.items()
-            if i != token_id and (s == piece or s.strip() == text.strip())
+            i for s, i in vocab.items() if i != token_id and (s == piece or s.strip() == text.strip())
         )
         same += [
-            i for i in range(len(tokenizer))
+            i
+            for i in range(len(tokenizer))
             if i != token_id and i not in same and tokenizer.decode([i]).strip() == text.strip()
         ]
         found[str(token_id)] = sorted(set(same))
@@ -89,12 +89,18 @@ def probe_emitted(model, tokenizer, eos_ids: list[int], max_new_tokens: int = 64
     """The id the model really ends its reply with (None if it did not stop)."""
     import torch
 
-    prompt = tokenizer.apply_chat_template(_PROBE, add_generation_prompt=True, return_tensors="pt",
-                                           return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        _PROBE, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
-        out = model.generate(**prompt, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=eos_ids, pad_token_id=eos_ids[0])
-    generated = out[0, prompt["input_ids"].shape[1]:].tolist()
+        out = model.generate(
+            **prompt,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos_ids,
+            pad_token_id=eos_ids[0],
+        )
+    generated = out[0, prompt["input_ids"].shape[1] :].tolist()
     if generated and generated[-1] in eos_ids and len(generated) <= max_new_tokens:
         return generated[-1]
     return None

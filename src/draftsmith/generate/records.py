@@ -46,7 +46,10 @@ def response_record(
         "response_token_ids": response_token_ids,
         "prompt_token_ids": prompt_token_ids,
         "finish_reason": finish_reason,
-        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+        },
     }
 
 

@@ -58,8 +58,13 @@ def run(
         log.warning("journal: dropped %d torn line(s) from an interrupted run", journal.torn_lines)
     done = [p for p in loaded.prompts if p.id in journal]
     pending = [p for p in loaded.prompts if p.id not in journal]
-    log.info("%s: %d prompts, %d already in the journal, %d to generate",
-             dataset, len(loaded.prompts), len(done), len(pending))
+    log.info(
+        "%s: %d prompts, %d already in the journal, %d to generate",
+        dataset,
+        len(loaded.prompts),
+        len(done),
+        len(pending),
+    )
     spent = Usage()
     for p in done:
         spent.add(record_usage(journal.records[p.id]))
