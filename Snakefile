@@ -2,14 +2,21 @@
 # Every artifact is a declared output under a content-addressed key; see
 # docs/architecture.md. Targets: `data` (merged shuffled JSONL), `verify`.
 
+import os
+
 from draftsmith import config as draftsmith_config
 from draftsmith.stages import plan_for
 
+# `--configfile X` replaces the CPU default instead of being merged into it: a
+# production config must not inherit the demo datasets.
+if not workflow.overwrite_configfiles:
 
-configfile: "config.yaml"
+    configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
-draftsmith_config.validate(config, source="config (" + ", ".join(map(str, workflow.configfiles)) + ")")
+draftsmith_config.validate(
+    config, source=", ".join(map(str, workflow.configfiles)) or "config"
+)
 PLAN = plan_for(config)
 LOGS = config["logs_dir"]
 

@@ -22,15 +22,15 @@ rule model:
             if config["model"]["source"]["kind"] != "hf_dir"
             else []
         ),
-    params:
-        model_dir=str(PLAN.model_dir),
     log:
         f"{LOGS}/model/{PLAN.model_key}.log",
     benchmark:
         f"benchmarks/model/{PLAN.model_key}.tsv"
-    resources:
-        mem_mb=4000,
     conda:
         "../envs/data.yaml"
+    resources:
+        mem_mb=4000,
+    params:
+        model_dir=str(PLAN.model_dir),
     script:
         "../scripts/model.py"

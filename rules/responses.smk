@@ -9,8 +9,10 @@ def dataset_source(wildcards):
 
 
 def backend_resources(wildcards):
-    return config["datasets"][wildcards.dataset].get("generation", {}).get(
-        "backend", config["generation"]["backend"]
+    return (
+        config["datasets"][wildcards.dataset]
+        .get("generation", {})
+        .get("backend", config["generation"]["backend"])
     )
 
 
@@ -22,15 +24,12 @@ rule responses:
         responses=f"{PLAN.root}/responses/{{dataset}}/{{key}}/responses.jsonl",
         bad_rows=f"{PLAN.root}/responses/{{dataset}}/{{key}}/bad_rows.jsonl",
         manifest=f"{PLAN.root}/responses/{{dataset}}/{{key}}/manifest.json",
-    params:
-        dataset=lambda w: w.dataset,
-        model_dir=str(PLAN.model_dir),
-        out_dir=lambda w: planned("responses", w),
-        log_dir=lambda w: f"{LOGS}/responses/{w.dataset}",
     log:
         f"{LOGS}/responses/{{dataset}}/{{key}}.log",
     benchmark:
         f"benchmarks/responses/{{dataset}}/{{key}}.tsv"
+    conda:
+        "../envs/data.yaml"
     threads: 2
     resources:
         mem_mb=4000,
@@ -39,7 +38,10 @@ rule responses:
             if backend_resources(w) == "sglang"
             else 0
         ),
-    conda:
-        "../envs/data.yaml"
+    params:
+        dataset=lambda w: w.dataset,
+        model_dir=str(PLAN.model_dir),
+        out_dir=lambda w: planned("responses", w),
+        log_dir=lambda w: f"{LOGS}/responses/{w.dataset}",
     script:
         "../scripts/responses.py"

@@ -46,6 +46,15 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "<top level>"
 
 
+def _type_names(value: str | list[str]) -> str:
+    return " or ".join(value) if isinstance(value, list) else value
+
+
+def _union_kinds(error: jsonschema.ValidationError) -> list:
+    """The `kind` constant of each alternative of a oneOf (None where one has none)."""
+    return [alt.get("properties", {}).get("kind", {}).get("const") for alt in error.validator_value]
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = sorted(error.schema.get("properties", {}))
@@ -53,21 +62,22 @@ def _describe(error: jsonschema.ValidationError) -> str:
         where = _key_path(error)
         prefix = "" if where == "<top level>" else where + "."
         return f"unknown key {', '.join(prefix + k for k in unknown)} (allowed: {', '.join(allowed)})"
-    if error.validator == "oneOf" and error.context:
-        # Report against the alternative the user meant (the one whose `kind` matches).
-        kind = error.instance.get("kind") if isinstance(error.instance, dict) else None
-        meant = [
-            e
-            for e in error.context
-            if error.validator_value[e.schema_path[0]].get("properties", {}).get("kind", {}).get("const")
-            == kind
-        ]
+    if error.validator == "oneOf" and error.context and None not in (kinds := _union_kinds(error)):
+        # A tagged union: report against the alternative the user meant (the one whose `kind` matches).
+        if not isinstance(error.instance, dict):
+            return f"{_key_path(error)}: expected a mapping with kind one of {kinds}, got {error.instance!r}"
+        if "kind" not in error.instance:
+            return f"{_key_path(error)}: missing field: kind (one of {kinds})"
+        kind = error.instance["kind"]
+        meant = [e for e in error.context if kinds[e.schema_path[0]] == kind]
         if meant:
-            return _describe(jsonschema.exceptions.best_match(meant))
-        kinds = [s["properties"]["kind"]["const"] for s in error.validator_value]
+            # Every problem with the meant alternative, in a stable order.
+            return "; ".join(sorted({_describe(e) for e in meant}))
         return f"{_key_path(error)}.kind: expected one of {kinds}, got {kind!r}"
+    if "propertyNames" in error.schema_path:
+        return f"{_key_path(error)}: invalid name {error.instance!r} (must match {error.validator_value})"
     expected = {
-        "type": lambda: f"expected {error.validator_value}, got {error.instance!r}",
+        "type": lambda: f"expected {_type_names(error.validator_value)}, got {error.instance!r}",
         "enum": lambda: f"expected one of {error.validator_value}, got {error.instance!r}",
         "required": lambda: f"missing field: {error.message.split(chr(39))[1]}",
         "pattern": lambda: f"{error.instance!r} does not match {error.validator_value}",

@@ -97,9 +97,10 @@ class Plan:
             source["sha256"] = self._source_hash(source["path"])
         if source["kind"] == "hf_dir":
             source["metadata"] = self._hf_dir_fingerprint(Path(source["path"]))
-        for path_field in ("path",):
-            if path_field in source:
-                source[path_field] = str(Path(source[path_field]).resolve())
+        if source["kind"] == "gguf":
+            del source["path"]  # the sha256 is the content; moving the file changes nothing
+        elif source["kind"] == "hf_dir":
+            source["path"] = str(Path(source["path"]).resolve())  # weights are stat'ed, not hashed
         return {
             "source": source,
             "dtype": model["dtype"],

@@ -44,12 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = verify(args.root)
     bad = {p: problems for p, problems in results.items() if problems}
+    rebuild = []
     for path, problems in bad.items():
         print(f"CORRUPT {path.parent}")
         for problem in problems:
             print(f"  {problem}")
         if args.fix:
             quarantine(path)
-            print("  quarantined: a rerun rebuilds it")
+            rebuild.append(str(path))
+            print("  quarantined")
     print(f"verify: {len(results)} artifacts checked, {len(bad)} corrupt")
+    if rebuild:
+        # Naming the outputs rebuilds exactly these artifacts; a plain `snakemake`
+        # would not, since downstream results that already exist need nothing.
+        print("rebuild exactly these with:\n  snakemake " + " ".join(rebuild))
     return 1 if bad else 0

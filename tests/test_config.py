@@ -1,0 +1,247 @@
+"""draftsmith.config: the default config validates, and every error names its key path."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftsmith import config as cfg
+from draftsmith.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "config.yaml"
+KINDS = "['pypi', 'gguf', 'hf_dir']"
+
+
+@pytest.fixture
+def raw() -> dict:
+    """The default config as written (defaults not yet filled)."""
+    return yaml.safe_load(DEFAULT_CONFIG.read_text())
+
+
+def error_of(config: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        cfg.validate(config)
+    return str(info.value)
+
+
+def test_default_config_loads_and_fills_defaults():
+    config = cfg.load(DEFAULT_CONFIG)
+    assert config["experiment"] == "demo"
+    # Whole sections absent from config.yaml come from the schema...
+    assert config["generation"]["openai"]["concurrency"] == 8
+    assert config["generation"]["openai"]["model"] is None
+    assert config["generation"]["sglang"]["port"] == 30000
+    assert config["generation"]["sglang"]["extra_args"] == []
+    assert config["dataset_defaults"] == {"max_bad_fraction": 0.05, "max_prompt_tokens": 4096}
+    assert config["merge"]["exclude"] == []
+    assert config["merge"]["caps"] == {}
+    # ...as do absent fields of sections that are present, while given values win.
+    assert config["generation"]["hf"] == {"device": "cpu", "batch_size": 32}
+    assert config["generation"]["top_p"] == 1.0
+    assert config["generation"]["max_new_tokens"] == 96
+    assert config["tokenize"] == {"max_length": 512, "max_roundtrip_mismatch": 1.0}
+    assert config["datasets"]["chat"]["enabled"] is True
+    assert config["datasets"]["chat"]["split"] is None
+    assert config["datasets"]["chat"]["prompt_field"] == "prompt"
+    assert config["model"]["trust_remote_code"] is False
+
+
+def test_minimal_config_gets_every_section():
+    config = cfg.validate(
+        {
+            "experiment": "x",
+            "model": {"source": {"kind": "gguf", "path": "m.gguf"}},
+            "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
+        }
+    )
+    assert config["artifacts_dir"] == "artifacts"
+    assert config["generation"]["backend"] == "hf"
+    assert config["generation"]["hf"]["batch_size"] == 16
+    assert config["generation"]["openai"]["concurrency"] == 8
+    assert config["tokenize"]["max_length"] == 2048
+    assert config["merge"]["seed"] == 0
+    assert config["model"]["dtype"] == "float32"
+
+
+def test_validate_does_not_share_default_objects():
+    # Mutable defaults are deep-copied, so one config's edits never leak into another.
+    first = cfg.load(DEFAULT_CONFIG)
+    first["merge"]["exclude"].append("chat")
+    first["generation"]["sglang"]["extra_args"].append("--x")
+    second = cfg.load(DEFAULT_CONFIG)
+    assert second["merge"]["exclude"] == []
+    assert second["generation"]["sglang"]["extra_args"] == []
+
+
+def test_dataset_settings_resolve_defaults_and_overrides(raw):
+    raw["datasets"]["code"]["max_bad_fraction"] = 0.5
+    raw["datasets"]["code"]["generation"] = {"max_new_tokens": 7}
+    config = cfg.validate(raw)
+    code = cfg.dataset_settings(config, "code")
+    assert code["max_bad_fraction"] == 0.5
+    assert code["max_prompt_tokens"] == 4096
+    assert code["generation"]["max_new_tokens"] == 7
+    assert code["generation"]["temperature"] == 0.0
+    assert "hf" not in code["generation"] and "openai" not in code["generation"]
+    chat = cfg.dataset_settings(config, "chat")
+    assert chat["max_bad_fraction"] == 0.05
+    assert chat["generation"]["max_new_tokens"] == 96
+
+
+def test_unknown_top_level_key(raw):
+    raw["artefacts_dir"] = "x"
+    message = error_of(raw)
+    assert "unknown key artefacts_dir" in message
+    assert "allowed: artifacts_dir," in message
+
+
+def test_unknown_nested_key(raw):
+    raw["generation"]["hf"]["batchsize"] = 4
+    message = error_of(raw)
+    assert "unknown key generation.hf.batchsize (allowed: batch_size, device)" in message
+
+
+def test_unknown_key_in_dataset_generation_override(raw):
+    raw["datasets"]["chat"]["generation"] = {"batch_size": 4}
+    message = error_of(raw)
+    assert "unknown key datasets.chat.generation.batch_size" in message
+    assert "max_new_tokens" in message
+
+
+def test_wrong_type(raw):
+    raw["tokenize"]["max_length"] = "big"
+    assert "tokenize.max_length: expected integer, got 'big'" in error_of(raw)
+
+
+def test_wrong_type_of_nullable_field_names_both_types(raw):
+    raw["generation"]["openai"] = {"model": 3}
+    assert "generation.openai.model: expected string or null, got 3" in error_of(raw)
+
+
+def test_below_minimum(raw):
+    raw["tokenize"]["max_length"] = 3
+    message = error_of(raw)
+    assert "tokenize.max_length:" in message
+    assert "minimum of 16" in message
+
+
+def test_missing_required_dataset_field(raw):
+    del raw["datasets"]["chat"]["format"]
+    assert "datasets.chat: missing field: format" in error_of(raw)
+
+
+def test_missing_required_top_level_field(raw):
+    del raw["datasets"]
+    assert "<top level>: missing field: datasets" in error_of(raw)
+
+
+def test_bad_enum(raw):
+    raw["datasets"]["math"]["format"] = "alpaca"
+    message = error_of(raw)
+    assert "datasets.math.format: expected one of ['prompt', 'sharegpt', 'messages'], got 'alpaca'" in message
+
+
+def test_bad_backend_enum(raw):
+    raw["generation"]["backend"] = "vllm"
+    assert "generation.backend: expected one of ['hf', 'openai', 'sglang'], got 'vllm'" in error_of(raw)
+
+
+def test_bad_dataset_name(raw):
+    raw["datasets"]["bad name"] = {"path": "x.jsonl", "format": "prompt"}
+    assert "datasets: invalid name 'bad name' (must match" in error_of(raw)
+
+
+def test_every_error_is_reported(raw):
+    raw["tokenize"]["max_length"] = "big"
+    raw["generation"]["hf"]["batchsize"] = 4
+    message = error_of(raw)
+    assert "tokenize.max_length" in message
+    assert "generation.hf.batchsize" in message
+    assert message.count("\n  - ") == 2
+
+
+def test_pypi_source_missing_sha256(raw):
+    del raw["model"]["source"]["sha256"]
+    message = error_of(raw)
+    # Reported against the pypi alternative only, not against gguf/hf_dir.
+    assert "model.source: missing field: sha256" in message
+    assert "path" not in message
+
+
+def test_pypi_source_bad_sha256(raw):
+    raw["model"]["source"]["sha256"] = "xyz"
+    assert "model.source.sha256: 'xyz' does not match ^[0-9a-f]{64}$" in error_of(raw)
+
+
+def test_source_of_meant_kind_reports_all_its_problems(raw):
+    raw["model"]["source"] = {"kind": "gguf", "file": "m.gguf"}
+    message = error_of(raw)
+    assert "model.source: missing field: path" in message
+    assert "unknown key model.source.file (allowed: kind, path, sha256)" in message
+
+
+def test_unknown_source_kind(raw):
+    raw["model"]["source"]["kind"] = "http"
+    assert f"model.source.kind: expected one of {KINDS}, got 'http'" in error_of(raw)
+
+
+def test_source_without_kind(raw):
+    del raw["model"]["source"]["kind"]
+    assert f"model.source: missing field: kind (one of {KINDS})" in error_of(raw)
+
+
+def test_source_not_a_mapping(raw):
+    raw["model"]["source"] = "model.gguf"
+    message = error_of(raw)
+    assert f"model.source: expected a mapping with kind one of {KINDS}, got 'model.gguf'" in message
+
+
+def test_merge_exclude_unknown_dataset(raw):
+    raw["merge"]["exclude"] = ["chat", "poetry"]
+    message = error_of(raw)
+    assert "merge.exclude: unknown dataset(s) ['poetry'] (known: ['chat', 'code', 'math'])" in message
+
+
+def test_merge_caps_unknown_dataset(raw):
+    raw["merge"]["caps"] = {"poetry": 3}
+    assert "merge.caps: unknown dataset(s) ['poetry']" in error_of(raw)
+
+
+def test_merge_caps_must_be_positive(raw):
+    raw["merge"]["caps"] = {"chat": 0}
+    assert "merge.caps.chat:" in error_of(raw)
+
+
+def test_nothing_left_to_merge(raw):
+    raw["datasets"]["chat"]["enabled"] = False
+    raw["merge"]["exclude"] = ["code", "math"]
+    assert "no dataset is both enabled and not excluded from the merge" in error_of(raw)
+
+
+def test_load_names_the_file(tmp_path, raw):
+    bad = copy.deepcopy(raw)
+    bad["tokenize"]["max_length"] = "big"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match=r"bad\.yaml: invalid configuration"):
+        cfg.load(path)
+
+
+def test_load_rejects_invalid_yaml_and_non_mappings(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("experiment: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        cfg.load(broken)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="expected a mapping at the top level"):
+        cfg.load(listing)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    cfg.load(path)

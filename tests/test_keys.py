@@ -1,0 +1,386 @@
+"""draftsmith.keys and hashing: stage keys move exactly when their semantic inputs do."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from draftsmith import config as cfg
+from draftsmith import hashing, keys
+from draftsmith.hashing import HashCache
+from draftsmith.keys import Plan
+
+
+def write_dataset(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> dict[str, Path]:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF fake weights")
+    return {
+        "model": model,
+        "chat": write_dataset(tmp_path / "chat.jsonl", ["hello", "how are you"]),
+        "code": write_dataset(tmp_path / "code.jsonl", ["write fizzbuzz"]),
+        "math": write_dataset(tmp_path / "math.jsonl", ["1+1?", "2*3?"]),
+    }
+
+
+@pytest.fixture
+def base(tmp_path: Path, sources: dict[str, Path]) -> dict:
+    """A raw (unvalidated) config over the small files in tmp_path."""
+    return {
+        "experiment": "keys",
+        "artifacts_dir": str(tmp_path / "artifacts"),
+        "model": {"source": {"kind": "gguf", "path": str(sources["model"])}},
+        "datasets": {
+            name: {"path": str(sources[name]), "format": "prompt"} for name in ("chat", "code", "math")
+        },
+    }
+
+
+@pytest.fixture
+def plan_of(tmp_path: Path):
+    def make(raw: dict, cache: Path | None = None) -> Plan:
+        config = cfg.validate(copy.deepcopy(raw))
+        return Plan(config, HashCache(cache or tmp_path / "cache.json"))
+
+    return make
+
+
+def all_keys(plan: Plan) -> dict:
+    return {
+        "model": plan.model_key,
+        "responses": dict(plan.response_keys),
+        "tokens": dict(plan.token_keys),
+        "merged": plan.merged_key,
+    }
+
+
+def test_keys_are_stable_across_plans_and_caches(tmp_path, base, plan_of):
+    first = all_keys(plan_of(base))
+    assert all_keys(plan_of(base)) == first
+    # A fresh cache hashes from scratch and must land on the same keys.
+    assert all_keys(plan_of(base, cache=tmp_path / "other-cache.json")) == first
+    assert len(first["model"]) == hashing.KEY_LENGTH
+    assert set(first["responses"]) == set(first["tokens"]) == {"chat", "code", "math"}
+    every = [first["model"], first["merged"], *first["responses"].values(), *first["tokens"].values()]
+    assert len(set(every)) == len(every)
+
+
+def test_merge_seed_changes_only_merged_key(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["merge"] = {"seed": 1}
+    after = all_keys(plan_of(base))
+    assert after["merged"] != before["merged"]
+    assert {k: v for k, v in after.items() if k != "merged"} == {
+        k: v for k, v in before.items() if k != "merged"
+    }
+
+
+def test_merge_caps_change_only_merged_key(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["merge"] = {"caps": {"chat": 1}}
+    after = all_keys(plan_of(base))
+    assert after["merged"] != before["merged"]
+    assert after["responses"] == before["responses"] and after["tokens"] == before["tokens"]
+
+
+def test_adding_a_dataset_leaves_the_others_alone(tmp_path, base, plan_of):
+    before = all_keys(plan_of(base))
+    base["datasets"]["poems"] = {
+        "path": str(write_dataset(tmp_path / "poems.jsonl", ["a haiku"])),
+        "format": "prompt",
+    }
+    after = all_keys(plan_of(base))
+    assert after["model"] == before["model"]
+    assert set(after["responses"]) == set(after["tokens"]) == {"chat", "code", "math", "poems"}
+    for name in ("chat", "code", "math"):
+        assert after["responses"][name] == before["responses"][name]
+        assert after["tokens"][name] == before["tokens"][name]
+    assert after["merged"] != before["merged"]
+
+
+def test_excluding_a_dataset_changes_only_merged_key(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["merge"] = {"exclude": ["code"], "caps": {"code": 5}}
+    plan = plan_of(base)
+    after = all_keys(plan)
+    assert after["responses"] == before["responses"] and after["tokens"] == before["tokens"]
+    assert after["merged"] != before["merged"]
+    assert plan.merged_datasets == ["chat", "math"]
+    assert plan.merge_caps() == {}  # caps of an excluded dataset do not count
+
+
+def test_disabled_dataset_gets_no_keys(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["datasets"]["code"]["enabled"] = False
+    after = all_keys(plan_of(base))
+    assert set(after["responses"]) == {"chat", "math"}
+    assert after["responses"]["chat"] == before["responses"]["chat"]
+    assert after["merged"] != before["merged"]
+
+
+def test_dataset_content_change_moves_that_dataset_only(sources, base, plan_of):
+    before = all_keys(plan_of(base))
+    write_dataset(sources["code"], ["write fizzbuzz in rust"])
+    after = all_keys(plan_of(base))
+    assert after["model"] == before["model"]
+    assert after["responses"]["code"] != before["responses"]["code"]
+    assert after["tokens"]["code"] != before["tokens"]["code"]
+    assert after["merged"] != before["merged"]
+    for name in ("chat", "math"):
+        assert after["responses"][name] == before["responses"][name]
+        assert after["tokens"][name] == before["tokens"][name]
+
+
+def test_dataset_path_is_not_part_of_the_key(tmp_path, sources, base, plan_of):
+    before = all_keys(plan_of(base))
+    moved = tmp_path / "elsewhere" / "chat.jsonl"
+    moved.parent.mkdir()
+    os.replace(sources["chat"], moved)
+    base["datasets"]["chat"]["path"] = str(moved)
+    assert all_keys(plan_of(base)) == before
+
+
+def test_model_content_change_moves_everything(sources, base, plan_of):
+    before = all_keys(plan_of(base))
+    sources["model"].write_bytes(b"GGUF other weights")
+    after = all_keys(plan_of(base))
+    assert after["model"] != before["model"]
+    for name in ("chat", "code", "math"):
+        assert after["responses"][name] != before["responses"][name]
+        assert after["tokens"][name] != before["tokens"][name]
+    assert after["merged"] != before["merged"]
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "value"),
+    [
+        ("hf", "batch_size", 1),
+        ("hf", "device", "cuda"),
+        ("openai", "concurrency", 64),
+        ("openai", "timeout_s", 5),
+        ("openai", "max_retries", 0),
+        ("openai", "price_per_million_output", 2.5),
+        ("sglang", "tp_size", 4),
+    ],
+)
+def test_performance_settings_change_no_key(base, plan_of, section, field, value):
+    before = all_keys(plan_of(base))
+    base["generation"] = {section: {field: value}}
+    assert all_keys(plan_of(base)) == before
+
+
+def test_performance_settings_change_no_key_with_openai_backend(base, plan_of):
+    base["generation"] = {"backend": "openai", "openai": {"model": "served"}}
+    before = all_keys(plan_of(base))
+    base["generation"]["openai"].update(concurrency=99, timeout_s=1, budget_usd=3.0)
+    assert all_keys(plan_of(base)) == before
+
+
+def test_max_new_tokens_changes_every_response_key(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["generation"] = {"max_new_tokens": 17}
+    after = all_keys(plan_of(base))
+    assert after["model"] == before["model"]
+    for name in ("chat", "code", "math"):
+        assert after["responses"][name] != before["responses"][name]
+        assert after["tokens"][name] != before["tokens"][name]
+    assert after["merged"] != before["merged"]
+
+
+def test_per_dataset_generation_override_moves_that_dataset_only(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["datasets"]["math"]["generation"] = {"temperature": 0.7}
+    after = all_keys(plan_of(base))
+    assert after["responses"]["math"] != before["responses"]["math"]
+    assert after["responses"]["chat"] == before["responses"]["chat"]
+    assert after["responses"]["code"] == before["responses"]["code"]
+
+
+def test_served_model_counts_only_for_server_backends(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["generation"] = {"openai": {"model": "a"}}
+    assert all_keys(plan_of(base)) == before  # hf backend ignores the served name
+    base["generation"] = {"backend": "openai", "openai": {"model": "a"}}
+    served_a = all_keys(plan_of(base))
+    base["generation"]["openai"]["model"] = "b"
+    served_b = all_keys(plan_of(base))
+    assert served_a["responses"]["chat"] != before["responses"]["chat"]
+    assert served_a["responses"]["chat"] != served_b["responses"]["chat"]
+
+
+def test_tokenize_max_length_changes_tokens_not_responses(base, plan_of):
+    before = all_keys(plan_of(base))
+    base["tokenize"] = {"max_length": 64}
+    after = all_keys(plan_of(base))
+    assert after["responses"] == before["responses"]
+    assert all(after["tokens"][n] != before["tokens"][n] for n in before["tokens"])
+    assert after["merged"] != before["merged"]
+
+
+def test_stage_version_bump_invalidates_that_stage_and_downstream(monkeypatch, base, plan_of):
+    before = all_keys(plan_of(base))
+    monkeypatch.setitem(keys.STAGE_VERSIONS, "tokens", keys.STAGE_VERSIONS["tokens"] + 1)
+    after = all_keys(plan_of(base))
+    assert after["model"] == before["model"]
+    assert after["responses"] == before["responses"]
+    assert all(after["tokens"][n] != before["tokens"][n] for n in before["tokens"])
+    assert after["merged"] != before["merged"]
+
+
+def test_configs_differing_in_seed_share_all_but_merged_dir(base, plan_of):
+    one = plan_of(base)
+    base["merge"] = {"seed": 7}
+    other = plan_of(base)
+    assert one.model_dir == other.model_dir
+    for name in ("chat", "code", "math"):
+        assert one.responses_dir(name) == other.responses_dir(name)
+        assert one.tokens_dir(name) == other.tokens_dir(name)
+    assert one.merged_dir != other.merged_dir
+    root = Path(base["artifacts_dir"])
+    assert one.responses_dir("chat") == root / "responses" / "chat" / one.response_keys["chat"]
+    assert one.tokens_dir("chat") == root / "tokens" / "chat" / one.token_keys["chat"]
+    assert one.merged_dir == root / "merged" / one.merged_key
+    assert one.model_dir == root / "model" / one.model_key
+
+
+def test_missing_dataset_file_warns_and_plans_a_placeholder(tmp_path, sources, base, plan_of):
+    present = all_keys(plan_of(base))
+    sources["math"].unlink()
+    with pytest.warns(UserWarning, match=r"source not found: .*math\.jsonl"):
+        plan = plan_of(base)
+    assert plan.missing_sources == [str(sources["math"])]
+    assert len(plan.response_keys["math"]) == hashing.KEY_LENGTH
+    assert plan.response_keys["math"] != present["responses"]["math"]
+    assert plan.response_keys["chat"] == present["responses"]["chat"]
+    # Once the file shows up, its real content decides the key again.
+    write_dataset(sources["math"], ["1+1?", "2*3?"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all_keys(plan_of(base)) == present
+
+
+def test_missing_model_file_warns(sources, base, plan_of):
+    sources["model"].unlink()
+    with pytest.warns(UserWarning, match=r"source not found: .*model\.gguf"):
+        plan = plan_of(base)
+    assert len(plan.model_key) == hashing.KEY_LENGTH
+
+
+def test_given_gguf_sha256_is_trusted_without_hashing(sources, base, plan_of):
+    base["model"]["source"]["sha256"] = "a" * 64
+    before = plan_of(base).model_key
+    sources["model"].write_bytes(b"different bytes")
+    assert plan_of(base).model_key == before
+    base["model"]["source"]["sha256"] = "b" * 64
+    assert plan_of(base).model_key != before
+
+
+def test_hf_dir_fingerprint_hashes_metadata_and_stats_weights(tmp_path, base, plan_of):
+    model = tmp_path / "hf"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(b"\0" * 32)
+    base["model"]["source"] = {"kind": "hf_dir", "path": str(model)}
+    first = plan_of(base).model_key
+    (model / "model.safetensors").write_bytes(b"\1" * 32)  # same size: weights are only stat'ed
+    assert plan_of(base).model_key == first
+    (model / "model.safetensors").write_bytes(b"\1" * 33)
+    second = plan_of(base).model_key
+    assert second != first
+    (model / "config.json").write_text('{"hidden_size": 16}')
+    assert plan_of(base).model_key != second
+
+
+# --- HashCache -----------------------------------------------------------------
+@pytest.fixture
+def hash_calls(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = hashing.sha256_file
+
+    def counting(path):
+        calls.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(hashing, "sha256_file", counting)
+    return calls
+
+
+def test_hash_cache_hashes_once_while_untouched(tmp_path, hash_calls):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"x" * 100)
+    cache = HashCache(tmp_path / "cache.json")
+    digest = cache.sha256(data)
+    assert digest == hashing.sha256_bytes(b"x" * 100)
+    assert cache.sha256(data) == digest
+    assert len(hash_calls) == 1
+    cache.save()
+    # A new cache loaded from the saved file trusts the stored entry.
+    reloaded = HashCache(tmp_path / "cache.json")
+    assert reloaded.sha256(data) == digest
+    assert len(hash_calls) == 1
+    stored = json.loads((tmp_path / "cache.json").read_text())
+    assert stored[str(data.resolve())]["sha256"] == digest
+
+
+def test_hash_cache_rehashes_a_changed_file(tmp_path, hash_calls):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"first")
+    cache = HashCache(tmp_path / "cache.json")
+    first = cache.sha256(data)
+    cache.save()
+    # Same size, new content: the mtime moves, so the stamp no longer matches.
+    data.write_bytes(b"secnd")
+    stat = data.stat()
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    reloaded = HashCache(tmp_path / "cache.json")
+    second = reloaded.sha256(data)
+    assert second == hashing.sha256_bytes(b"secnd") != first
+    assert len(hash_calls) == 2
+    # A size change alone is enough too.
+    data.write_bytes(b"longer content")
+    assert reloaded.sha256(data) == hashing.sha256_bytes(b"longer content")
+    assert len(hash_calls) == 3
+
+
+def test_plan_hashes_each_source_once_across_dry_runs(tmp_path, base, plan_of, hash_calls):
+    plan_of(base)
+    # model + three datasets, each hashed once even though planning reads them again.
+    assert len(hash_calls) == 4
+    assert (tmp_path / "cache.json").exists()
+    plan_of(base)
+    assert len(hash_calls) == 4
+
+
+def test_hash_cache_survives_a_corrupt_cache_file(tmp_path):
+    (tmp_path / "cache.json").write_text("{not json")
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"abc")
+    cache = HashCache(tmp_path / "cache.json")
+    assert cache.sha256(data) == hashing.sha256_bytes(b"abc")
+    cache.save()
+    assert json.loads((tmp_path / "cache.json").read_text())[str(data.resolve())]["sha256"]
+
+
+def test_tree_sha256_depends_on_names_and_contents(tmp_path):
+    root = tmp_path / "tree"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("a")
+    (root / "sub" / "b.txt").write_text("b")
+    cache = HashCache(tmp_path / "cache.json")
+    first = cache.tree_sha256(root)
+    assert HashCache(tmp_path / "other.json").tree_sha256(root) == first
+    (root / "sub" / "b.txt").rename(root / "sub" / "c.txt")
+    renamed = cache.tree_sha256(root)
+    assert renamed != first
+    (root / "sub" / "c.txt").write_text("changed")
+    assert cache.tree_sha256(root) != renamed
