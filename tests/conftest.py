@@ -28,6 +28,16 @@ def demo_model_dir(tmp_path_factory) -> Path:
     return work / "hf"
 
 
+@pytest.fixture(scope="session")
+def transformers_server(demo_model_dir):
+    """A real `transformers serve` on loopback serving the demo model: (base_url, model name)."""
+    from draftsmith.process import free_port
+    from transformers_serve import start_transformers_serve
+
+    with start_transformers_serve(demo_model_dir, free_port()) as url:
+        yield url, str(demo_model_dir)
+
+
 def write_rows(path: Path, prompts: list[str]) -> Path:
     import json
 
@@ -56,11 +66,25 @@ def snakemake(workdir: Path, config: dict, *args: str, check: bool = True, name:
     """Run the real workflow in `workdir` with `config`; returns the CompletedProcess."""
     config_path = workdir / name
     config_path.write_text(yaml.safe_dump(config))
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(config_path), "--cores", "2", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(config_path),
+        "--cores",
+        "2",
+        *args,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if check and result.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        raise AssertionError(
+            f"snakemake {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
     return result
 
 

@@ -162,9 +162,7 @@ def test_each_bad_row_kind_is_reported_with_line_and_field(tmp_path):
 
 def test_over_long_is_decided_by_count_tokens_and_limit(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "short"}, {"prompt": "much longer"}])
-    loaded = load_prompts(
-        "p", entry(path, max_prompt_tokens=5), count_tokens=lambda m: len(m[-1]["content"])
-    )
+    loaded = load_prompts("p", entry(path, max_prompt_tokens=5), count_tokens=lambda m: len(m[-1]["content"]))
     assert [p.line for p in loaded.prompts] == [1]
     bad = only_bad(loaded)
     assert (bad.line, bad.reason) == (2, "over-long")
@@ -244,9 +242,7 @@ def test_messages_wrong_role_names_the_role_path(tmp_path):
 
 
 def test_count_tokens_sees_only_valid_rows_before_the_cap(tmp_path):
-    path = write_jsonl(
-        tmp_path / "p.jsonl", [{"prompt": ""}] + [{"prompt": f"q{i}"} for i in range(5)]
-    )
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": ""}] + [{"prompt": f"q{i}"} for i in range(5)])
     seen: list[str] = []
 
     def count(messages):

@@ -22,7 +22,10 @@ GAMMA = ["What is the capital of France?", "Count to three."]
 def built(tmp_path_factory, demo_model_dir):
     """One finished `data` run with datasets alpha and beta."""
     work = tmp_path_factory.mktemp("wf")
-    sources = {"alpha": write_rows(work / "alpha.jsonl", ALPHA), "beta": write_rows(work / "beta.jsonl", BETA)}
+    sources = {
+        "alpha": write_rows(work / "alpha.jsonl", ALPHA),
+        "beta": write_rows(work / "beta.jsonl", BETA),
+    }
     config = workflow_config(work, demo_model_dir, sources)
     snakemake(work, config, "data")
     return work, config
@@ -32,7 +35,8 @@ def artifact_files(root: Path) -> dict[str, tuple[int, int]]:
     """Every artifact file with (inode, mtime_ns): proves files were not rewritten."""
     return {
         str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_mtime_ns)
-        for p in root.rglob("*") if p.is_file() and ".hash-cache" not in p.name
+        for p in root.rglob("*")
+        if p.is_file() and ".hash-cache" not in p.name
     }
 
 
@@ -43,7 +47,9 @@ def test_data_outputs_and_report(built):
     assert [r["dataset"] for r in report["datasets"]] == ["alpha", "beta"]
     assert report["total"]["merged"] == len(ALPHA) + len(BETA)
     samples = [json.loads(line) for line in (merged / "train.jsonl").read_text().splitlines()]
-    assert {s["id"] for s in samples} == {f"alpha-{i:06d}" for i in range(4)} | {f"beta-{i:06d}" for i in range(3)}
+    assert {s["id"] for s in samples} == {f"alpha-{i:06d}" for i in range(4)} | {
+        f"beta-{i:06d}" for i in range(3)
+    }
     for sample in samples:
         assert len(sample["input_ids"]) == len(sample["loss_mask"]) and sum(sample["loss_mask"]) > 0
     log = next((work / "logs" / "responses" / "alpha").glob("*.log")).read_text()
@@ -64,15 +70,18 @@ def test_seed_change_reruns_merge_only(built):
 def test_adding_dataset_generates_only_it(built):
     work, config = built
     before = artifact_files(work / "artifacts")
-    datasets = dict(config["datasets"], gamma={"path": str(write_rows(work / "gamma.jsonl", GAMMA)),
-                                               "format": "prompt"})
+    datasets = dict(
+        config["datasets"], gamma={"path": str(write_rows(work / "gamma.jsonl", GAMMA)), "format": "prompt"}
+    )
     added = dict(config, datasets=datasets)
     plan = planned_jobs(snakemake(work, added, "data", "-n", name="added.yaml"))
     assert plan == {"responses": 1, "tokens": 1, "merge": 1, "data": 1}
     snakemake(work, added, "data", name="added.yaml")
     after = artifact_files(work / "artifacts")
     assert {k: v for k, v in after.items() if k in before} == before  # nothing rewritten
-    new = sorted({k.split("/")[1] for k in after if k not in before and k.startswith(("responses", "tokens"))})
+    new = sorted(
+        {k.split("/")[1] for k in after if k not in before and k.startswith(("responses", "tokens"))}
+    )
     assert new == ["gamma"]
 
 
@@ -109,7 +118,9 @@ def test_verify_names_corruption_and_rerun_rebuilds_it(built):
 
 
 def test_dry_run_with_model_absent_shows_plan(tmp_path):
-    config = workflow_config(tmp_path, tmp_path / "no-such-model", {"alpha": write_rows(tmp_path / "a.jsonl", ALPHA)})
+    config = workflow_config(
+        tmp_path, tmp_path / "no-such-model", {"alpha": write_rows(tmp_path / "a.jsonl", ALPHA)}
+    )
     result = snakemake(tmp_path, config, "data", "-n")
     assert planned_jobs(result) == {"model": 1, "responses": 1, "tokens": 1, "merge": 1, "data": 1}
     assert "source not found" in result.stderr + result.stdout

@@ -10,7 +10,7 @@ semantic and are left out on purpose.
 
 from __future__ import annotations
 
-import warnings
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,10 +66,10 @@ class Plan:
         )
         self.hash_cache.save()
         for path in self.missing_sources:
-            warnings.warn(
-                f"source not found: {path} (planning with a placeholder key; "
-                "the job that reads it will fail until it exists)",
-                stacklevel=2,
+            print(
+                f"draftsmith: source not found: {path} (planned with a placeholder key; "
+                "the job that reads it fails until it exists)",
+                file=sys.stderr,
             )
 
     @property
