@@ -31,8 +31,9 @@ def demo_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def transformers_server(demo_model_dir):
     """A real `transformers serve` on loopback serving the demo model: (base_url, model name)."""
-    from draftsmith.process import free_port
     from transformers_serve import start_transformers_serve
+
+    from draftsmith.process import free_port
 
     with start_transformers_serve(demo_model_dir, free_port()) as url:
         yield url, str(demo_model_dir)

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO, workflow_config, write_rows
 from fault_proxy import FaultProxy
-
-from conftest import REPO, snakemake, workflow_config, write_rows
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, planned_jobs, snakemake, workflow_config, write_rows
 
 pytestmark = pytest.mark.slow
