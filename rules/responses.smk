@@ -3,23 +3,10 @@
 # so Snakemake does not delete it before a rerun).
 
 
-def dataset_source(wildcards):
-    path = Path(config["datasets"][wildcards.dataset]["path"])
-    return [str(path)] if path.exists() else []
-
-
-def backend_resources(wildcards):
-    return (
-        config["datasets"][wildcards.dataset]
-        .get("generation", {})
-        .get("backend", config["generation"]["backend"])
-    )
-
-
 rule responses:
     input:
-        model_files(),
-        dataset_source,
+        model=model_info_file(),
+        source=dataset_source,
     output:
         responses=f"{PLAN.root}/responses/{{dataset}}/{{key}}/responses.jsonl",
         bad_rows=f"{PLAN.root}/responses/{{dataset}}/{{key}}/bad_rows.jsonl",
@@ -35,13 +22,10 @@ rule responses:
         mem_mb=4000,
         gpu=lambda w: (
             config["generation"]["sglang"]["gpus"]
-            if backend_resources(w) == "sglang"
+            if dataset_backend(w) == "sglang"
             else 0
         ),
     params:
         dataset=lambda w: w.dataset,
-        model_dir=str(PLAN.model_dir),
-        out_dir=lambda w: planned("responses", w),
-        log_dir=lambda w: f"{LOGS}/responses/{w.dataset}",
     script:
         "../scripts/responses.py"

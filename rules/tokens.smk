@@ -3,8 +3,8 @@
 
 rule tokens:
     input:
-        model_files(),
-        responses=lambda w: str(PLAN.responses_dir(w.dataset) / "responses.jsonl"),
+        model=model_info_file(),
+        responses=planned_responses,
     output:
         tokens=f"{PLAN.root}/tokens/{{dataset}}/{{key}}/tokens.jsonl",
         manifest=f"{PLAN.root}/tokens/{{dataset}}/{{key}}/manifest.json",
@@ -18,8 +18,5 @@ rule tokens:
         mem_mb=2000,
     params:
         dataset=lambda w: w.dataset,
-        model_dir=str(PLAN.model_dir),
-        responses=lambda w: str(PLAN.responses_dir(w.dataset) / "responses.jsonl"),
-        out_dir=lambda w: planned("tokens", w),
     script:
         "../scripts/tokens.py"

@@ -1,11 +1,16 @@
-# verify: re-hash every artifact against its manifest; `--config verify_fix=true` is not
-# used (config is validated): run `python scripts/verify.py --fix` to quarantine corrupt ones.
+# verify: re-hash every artifact against its manifest and name what is corrupt or
+# missing. `python -m draftsmith.verify <artifacts> --fix` quarantines corrupt ones
+# and prints the exact targets that rebuild them.
 
 
 rule verify:
     log:
         f"{LOGS}/verify.log",
+    benchmark:
+        "benchmarks/verify.tsv"
     conda:
         "../envs/data.yaml"
+    params:
+        root=str(PLAN.root),
     shell:
-        "python {workflow.basedir}/scripts/verify.py {PLAN.root} 2>&1 | tee {log}"
+        "python -m draftsmith.verify {params.root} 2>&1 | tee {log}"

@@ -144,9 +144,7 @@ def _pick_split(name: str, path: Path, splits: Any, split: str | None) -> Any:
             f"set datasets.{name}.split to one of them"
         )
     if split not in splits:
-        raise DatasetError(
-            f"dataset {name!r}: {path}: split {split!r} not found (available: {available})"
-        )
+        raise DatasetError(f"dataset {name!r}: {path}: split {split!r} not found (available: {available})")
     return splits[split]
 
 
@@ -284,9 +282,7 @@ def _extractor(name: str, entry: dict) -> Callable[[dict], list[dict[str, str]]]
     if fmt in _LAYOUTS:
         layout = _LAYOUTS[fmt]
         return lambda row: _conversation_messages(row, layout)
-    raise DatasetError(
-        f"dataset {name!r}: unknown format {fmt!r} (expected prompt, sharegpt, messages)"
-    )
+    raise DatasetError(f"dataset {name!r}: unknown format {fmt!r} (expected prompt, sharegpt, messages)")
 
 
 def _with_system(messages: list[dict[str, str]], system_prompt: Any) -> list[dict[str, str]]:
@@ -308,9 +304,7 @@ def _describe(path: Path, bad: BadRow) -> str:
     return f"{_where(path, bad)}:{field} {bad.detail} ({bad.reason})"
 
 
-def _check_bad_share(
-    name: str, path: Path, bad: list[BadRow], inspected: int, limit: float
-) -> None:
+def _check_bad_share(name: str, path: Path, bad: list[BadRow], inspected: int, limit: float) -> None:
     if not inspected or len(bad) / inspected <= limit:
         return
     examples = "\n".join(f"  {_describe(path, b)}" for b in bad[:ERROR_EXAMPLES])
@@ -356,9 +350,7 @@ def load_prompts(name: str, entry: dict, count_tokens: CountTokens | None = None
     return _finish(name, entry, path, prompts, bad, inspected, skipped)
 
 
-def _check_length(
-    messages: list[dict[str, str]], count_tokens: CountTokens | None, limit: int
-) -> None:
+def _check_length(messages: list[dict[str, str]], count_tokens: CountTokens | None, limit: int) -> None:
     if count_tokens is None:
         return
     count = count_tokens(messages)

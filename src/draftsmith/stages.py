@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,8 +23,17 @@ log = logging.getLogger("draftsmith.stages")
 
 def from_snakemake(smk, stage: Callable[..., object]) -> None:
     """Run `stage` for a Snakemake `script:` job, logging to the rule's log."""
+    # Before torch is imported: jobs sharing a small box must not each start one
+    # OpenMP thread per core (a 2-core machine slowed ~25x when they did).
+    os.environ["OMP_NUM_THREADS"] = str(smk.threads)
     with jobs.job(smk.log[0] if smk.log else None, f"{smk.rule} {dict(smk.wildcards)}"):
-        stage(smk.config, **dict(smk.params.items()))
+        stage(
+            smk.config,
+            inputs=dict(smk.input.items()),
+            outputs=dict(smk.output.items()),
+            log_file=smk.log[0] if smk.log else None,
+            **dict(smk.params.items()),
+        )
 
 
 def plan_for(config: dict) -> Plan:
@@ -33,10 +43,10 @@ def plan_for(config: dict) -> Plan:
 
 
 # --- model ---------------------------------------------------------------------
-def build_model(config: dict, model_dir: str) -> dict:
+def build_model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
     """Fetch/convert the target and record its special tokens in model.json."""
     started = time.time()
-    out = Path(model_dir)
+    out = Path(outputs["info"]).parent
     model_cfg = config["model"]
     source = model_cfg["source"]
     files: list[Path] = []
@@ -100,7 +110,7 @@ def read_model_info(model_dir: str | Path) -> dict:
 
 
 # --- responses -----------------------------------------------------------------
-def _backend(config: dict, dataset: str, entry: dict, model_info: dict, log_dir: Path):
+def _backend(config: dict, dataset: str, entry: dict, model_info: dict, server_log: Path):
     generation = entry["generation"]
     backend = generation["backend"]
     gen_cfg = config["generation"]
@@ -128,17 +138,19 @@ def _backend(config: dict, dataset: str, entry: dict, model_info: dict, log_dir:
         gen_cfg["sglang"],
         gen_cfg["openai"],
         generation,
-        log_dir / f"sglang-{dataset}.log",
+        server_log,
     )
 
 
-def generate_responses(config: dict, dataset: str, model_dir: str, out_dir: str, log_dir: str) -> dict:
+def generate_responses(
+    config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
     from draftsmith import datasets
     from draftsmith.generate import stage as generate_stage
 
     plan = plan_for(config)
     entry = cfg.dataset_settings(config, dataset)
-    model_info = read_model_info(model_dir)
+    model_info = read_model_info(Path(inputs["model"]).parent)
     tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
 
     def count_tokens(messages: list[dict]) -> int:
@@ -149,12 +161,14 @@ def generate_responses(config: dict, dataset: str, model_dir: str, out_dir: str,
         )
 
     loaded = datasets.load_prompts(dataset, entry, count_tokens)
-    backend = _backend(config, dataset, entry, model_info, Path(log_dir))
+    # The server writes beside the rule log (the rule log is this job's own).
+    server_log = Path(log_file or outputs["responses"]).with_suffix(".server.log")
+    backend = _backend(config, dataset, entry, model_info, server_log)
     return generate_stage.run(
         dataset=dataset,
         loaded=loaded,
         backend=backend,
-        out_dir=Path(out_dir),
+        out_dir=Path(outputs["responses"]).parent,
         key=plan.response_keys[dataset],
         params={"dataset": _public(entry)},
         upstream={"model": plan.model_key},
@@ -168,24 +182,26 @@ def _public(entry: dict) -> dict:
 
 
 # --- tokens --------------------------------------------------------------------
-def tokenize_dataset(config: dict, dataset: str, model_dir: str, responses: str, out_dir: str) -> dict:
+def tokenize_dataset(
+    config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
     from draftsmith.tokenize import ChatTokenizer, tokenize_records
 
     started = time.time()
     plan = plan_for(config)
-    model_info = read_model_info(model_dir)
+    model_info = read_model_info(Path(inputs["model"]).parent)
     tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
     chat = ChatTokenizer(
         tokenizer,
         model_info["special_tokens"]["end_of_turn"]["ids"],
         config["tokenize"]["max_length"],
     )
-    samples, stats = tokenize_records(atomic.read_jsonl(responses), chat, dataset)
+    samples, stats = tokenize_records(atomic.read_jsonl(inputs["responses"]), chat, dataset)
     rate = stats.as_dict()["roundtrip_mismatch_rate"]
     limit = config["tokenize"]["max_roundtrip_mismatch"]
     if rate is not None and rate > limit:
         raise cfg.ConfigError(f"{dataset}: encode(decode(ids)) mismatch rate {rate:.3f} > {limit}")
-    out = Path(out_dir)
+    out = Path(outputs["tokens"]).parent
     atomic.write_jsonl(out / "tokens.jsonl", samples)
     manifest.write(
         out / manifest.MANIFEST_NAME,
@@ -202,14 +218,18 @@ def tokenize_dataset(config: dict, dataset: str, model_dir: str, responses: str,
 
 
 # --- merge ---------------------------------------------------------------------
-def merge_datasets(config: dict, tokens: dict[str, str], responses: dict[str, str], out_dir: str) -> dict:
+def merge_datasets(
+    config: dict, datasets: list[str], inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
     from draftsmith import merge, report
 
     started = time.time()
     plan = plan_for(config)
+    tokens = dict(zip(datasets, inputs["tokens"], strict=True))
+    responses = dict(zip(datasets, inputs["responses"], strict=True))
     per_dataset = {name: merge.read_samples(path) for name, path in tokens.items()}
     merged, taken = merge.merge(per_dataset, plan.merge_caps(), config["merge"]["seed"])
-    out = Path(out_dir)
+    out = Path(outputs["train"]).parent
     atomic.write_jsonl(out / "train.jsonl", merged)
     rows = [
         report.dataset_row(

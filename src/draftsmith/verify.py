@@ -59,3 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         # would not, since downstream results that already exist need nothing.
         print("rebuild exactly these with:\n  snakemake " + " ".join(rebuild))
     return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
