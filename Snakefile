@@ -1,6 +1,7 @@
 # draftsmith: prompt datasets + a target LLM -> a trained, benchmarked EAGLE-3 draft.
 # Every artifact is a declared output under a content-addressed key; see
-# docs/architecture.md. Targets: `data` (merged shuffled JSONL), `verify`.
+# docs/architecture.md. Targets: `data` (merged shuffled JSONL), `plan` (extraction
+# plan report), `hidden_states` (every shard), `verify`.
 
 import os
 
@@ -26,6 +27,7 @@ include: "rules/model.smk"
 include: "rules/responses.smk"
 include: "rules/tokens.smk"
 include: "rules/merge.smk"
+include: "rules/extract.smk"
 include: "rules/verify.smk"
 
 
@@ -35,7 +37,14 @@ rule data:
         PLAN.merged_dir / "data_report.md",
 
 
+rule hidden_states:
+    input:
+        [PLAN.hidden_dir / f"{name}.json" for name in PLAN.shard_names],
+        PLAN.results_dir / "plan_report.md",
+
+
 rule all:
     default_target: True
     input:
         rules.data.input,
+        rules.hidden_states.input,

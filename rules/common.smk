@@ -4,6 +4,7 @@
 wildcard_constraints:
     dataset="[A-Za-z0-9_.]+",
     key="[0-9a-f]{16}",
+    shard="shard-[0-9]{5}",
 
 
 def planned(kind, wildcards):

@@ -161,14 +161,6 @@ def test_journal_torn_multibyte_tail(tmp_path):
     journal.close()
 
 
-def test_journal_remove(tmp_path):
-    path = tmp_path / "journal.jsonl"
-    journal = Journal(path)
-    journal.append({"id": "a"})
-    journal.remove()
-    assert not path.exists()
-
-
 # --- manifest and verify ---------------------------------------------------------
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:

@@ -54,7 +54,3 @@ class Journal:
 
     def close(self) -> None:
         self._handle.close()
-
-    def remove(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)

@@ -19,7 +19,7 @@ from draftsmith.hashing import HashCache, derive_key
 
 # Bump a stage's version when its output format or semantics change on purpose:
 # that stage and everything downstream rebuild, nothing upstream does.
-STAGE_VERSIONS = {"model": 1, "responses": 1, "tokens": 1, "merged": 1}
+STAGE_VERSIONS = {"model": 1, "responses": 1, "tokens": 1, "merged": 1, "hidden": 1}
 
 # Generation settings that change what the target writes (the rest is speed).
 SEMANTIC_GENERATION = ("backend", "max_new_tokens", "temperature", "top_p", "seed", "system_prompt")
@@ -63,6 +63,9 @@ class Plan:
             "merged",
             {"seed": self.config["merge"]["seed"], "caps": self.merge_caps()},
             {f"tokens/{n}": self.token_keys[n] for n in self.merged_datasets},
+        )
+        self.hidden_key = stage_key(
+            "hidden", self._hidden_params(), {"model": self.model_key, "merged": self.merged_key}
         )
         self.hash_cache.save()
         for path in self.missing_sources:
@@ -120,6 +123,16 @@ class Plan:
     def merge_caps(self) -> dict:
         return {n: c for n, c in sorted(self.config["merge"]["caps"].items()) if n in self.merged_datasets}
 
+    def _hidden_params(self) -> dict:
+        extract = self.config["extract"]
+        return {
+            "backend": extract["backend"],
+            "num_shards": extract["num_shards"],
+            "storage": extract["storage"],
+            "dtype": extract["dtype"] or self.config["model"]["dtype"],
+            "aux_layers": extract["aux_layers"] or "default",
+        }
+
     def _response_key(self, name: str) -> str:
         entry = cfg.dataset_settings(self.config, name)
         generation = {k: entry["generation"].get(k) for k in SEMANTIC_GENERATION}
@@ -158,3 +171,19 @@ class Plan:
     @property
     def merged_dir(self) -> Path:
         return self.root / "merged" / self.merged_key
+
+    @property
+    def hidden_dir(self) -> Path:
+        return self.root / "hidden" / self.hidden_key
+
+    @property
+    def shard_names(self) -> list[str]:
+        return [shard_name(i) for i in range(self.config["extract"]["num_shards"])]
+
+    @property
+    def results_dir(self) -> Path:
+        return Path("results") / self.config["experiment"]
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"

@@ -267,3 +267,157 @@ def merge_datasets(
     )
     log.info("merged %d samples from %d datasets", len(merged), len(tokens))
     return data_report
+
+
+# --- hidden states ---------------------------------------------------------------
+def shard_plan(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    from draftsmith.extract import plan as extract_plan
+
+    plan = plan_for(config)
+    shard_plan = extract_plan.build(Path(inputs["merged"]), config["extract"]["num_shards"], plan.shard_names)
+    shard_plan.update(hidden_key=plan.hidden_key, merged_key=plan.merged_key, model_key=plan.model_key)
+    atomic.write_json(outputs["plan"], shard_plan)
+    model_info = read_model_info(Path(inputs["model"]).parent)
+    report = _plan_report(config, shard_plan, model_info, plan)
+    extract_plan.check_disk(
+        report["bytes_needed"],
+        report["free_bytes"],
+        config["extract"]["allow_disk_overcommit"],
+        f"extraction of {report['tokens']:,} tokens ({report['storage_mode']})",
+    )
+    return report
+
+
+def _plan_report(config: dict, shard_plan: dict, model_info: dict, plan: Plan) -> dict:
+    from draftsmith.extract import plan as extract_plan
+
+    dtype = config["extract"]["dtype"] or config["model"]["dtype"]
+    return extract_plan.report(
+        shard_plan, model_info["hidden_size"], dtype, config["extract"], plan.hidden_dir
+    )
+
+
+def plan_report(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """`snakemake plan`: shards, tokens, bytes per storage mode, hours, free disk."""
+    from draftsmith.extract import plan as extract_plan
+
+    plan = plan_for(config)
+    shard_plan = json.loads(Path(inputs["plan"]).read_text())
+    report = _plan_report(config, shard_plan, read_model_info(Path(inputs["model"]).parent), plan)
+    atomic.write_json(outputs["json"], report)
+    atomic.write_text(outputs["md"], extract_plan.markdown(report, config["experiment"]))
+    log.info("plan: %s", json.dumps(report))
+    return report
+
+
+def _shard_samples(merged: Path, wanted: list[str]):
+    from draftsmith.extract.hf import MergedSample
+
+    chosen = set(wanted)
+    found = {
+        s["id"]: MergedSample(s["id"], s["input_ids"], s["loss_mask"])
+        for s in atomic.read_jsonl(merged)
+        if s["id"] in chosen
+    }
+    missing = chosen - set(found)
+    if missing:
+        raise cfg.ConfigError(f"{merged}: the shard plan names samples it lacks: {sorted(missing)[:5]}")
+    return [found[i] for i in wanted]
+
+
+STAGED = ".staged"
+
+
+def _reuse_staged(staged: Path, shard: str, hidden_key: str, outputs: dict) -> bool:
+    """Link a verified shard finished by an earlier run into the declared outputs.
+
+    Snakemake deletes a job's outputs before rerunning it, and a kill between the
+    shard's last write and Snakemake's bookkeeping makes a finished shard look
+    incomplete. Shards are therefore written under `.staged/` (not a declared
+    output) and hard-linked into place: a rerun re-links verified bytes instead of
+    recomputing them.
+    """
+    from draftsmith.shards import ShardError, ShardReader
+
+    try:
+        reader = ShardReader(staged, shard)
+    except ShardError:
+        return False
+    if reader.manifest["meta"].get("hidden_key") != hidden_key or reader.verify():
+        return False
+    _link_outputs(staged, shard, outputs)
+    log.info("%s: reusing the verified shard finished by an earlier run", shard)
+    return True
+
+
+def _link_outputs(staged: Path, shard: str, outputs: dict) -> None:
+    for suffix, declared in ((".bin", outputs["bin"]), (".json", outputs["index"])):
+        Path(declared).unlink(missing_ok=True)
+        os.link(staged / f"{shard}{suffix}", declared)
+    atomic.fsync_dir(Path(outputs["bin"]).parent)
+
+
+def extract_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    from draftsmith import gpus, layers
+    from draftsmith.extract import hf as extract_hf
+    from draftsmith.extract import plan as extract_plan
+    from draftsmith.shards import ShardWriter, bytes_per_token
+
+    extract_cfg = config["extract"]
+    plan = plan_for(config)
+    out = Path(outputs["bin"]).parent
+    staged = out / STAGED
+    if _reuse_staged(staged, shard, plan.hidden_key, outputs):
+        return json.loads(Path(outputs["index"]).read_text())
+    shard_plan = json.loads(Path(inputs["plan"]).read_text())
+    entry = next(s for s in shard_plan["shards"] if s["name"] == shard)
+    samples = _shard_samples(Path(inputs["merged"]), entry["samples"])
+    model_info = read_model_info(Path(inputs["model"]).parent)
+    dtype = extract_cfg["dtype"] or config["model"]["dtype"]
+    aux = layers.config_aux_layers(extract_cfg, model_info["num_hidden_layers"])
+    needed = entry["num_tokens"] * bytes_per_token(model_info["hidden_size"], dtype, extract_cfg["storage"])
+    extract_plan.check_disk(
+        round(needed), extract_plan.free_bytes(out), extract_cfg["allow_disk_overcommit"], shard
+    )
+    gpu_count = 1 if extract_cfg["device"].startswith("cuda") else 0
+    with gpus.acquire_gpus(gpu_count):
+        model = target.load_model(
+            model_info["hf_dir"], dtype, extract_cfg["device"], config["model"]["trust_remote_code"]
+        )
+        capture = extract_hf.AuxCapture(model, aux.output_of)
+        meta = {
+            "layers": aux.as_manifest(),
+            "model_key": plan.model_key,
+            "data_key": plan.merged_key,
+            "hidden_key": plan.hidden_key,
+            "shard": shard,
+            "backend": "hf",
+            "device": extract_cfg["device"],
+        }
+        bar = jobs.progress(entry["num_tokens"], f"extract {shard}", unit="tok")
+        pad_id = model_info["special_tokens"]["pad_token_id"] or 0
+        staged.mkdir(parents=True, exist_ok=True)
+        with ShardWriter(
+            staged,
+            shard,
+            mode=extract_cfg["storage"],
+            hidden_size=model_info["hidden_size"],
+            dtype=dtype,
+            meta=meta,
+            zstd_level=extract_cfg["zstd_level"],
+            zstd_threads=extract_cfg["zstd_threads"],
+        ) as writer:
+            extract_hf.extract(
+                capture,
+                samples,
+                writer,
+                batch_tokens=extract_cfg["batch_tokens"],
+                device=extract_cfg["device"],
+                pad_id=pad_id,
+                writer_queue=extract_cfg["writer_queue"],
+                on_written=bar.update,
+            )
+        bar.close()
+    _link_outputs(staged, shard, outputs)
+    log.info("%s: %d samples, %d tokens", shard, len(samples), entry["num_tokens"])
+    return json.loads(Path(outputs["index"]).read_text())

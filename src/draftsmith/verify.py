@@ -11,25 +11,49 @@ import argparse
 import os
 from pathlib import Path
 
-from draftsmith import manifest
+from draftsmith import manifest, shards
+
+SHARD_INDEX_GLOB = "shard-*.json"
 
 
 def find_manifests(root: Path) -> list[Path]:
-    return sorted(root.rglob(manifest.MANIFEST_NAME))
+    """Stage manifests and hidden-state shard indexes (each shard is its own artifact)."""
+    found = [*root.rglob(manifest.MANIFEST_NAME), *root.rglob(SHARD_INDEX_GLOB)]
+    # Staged shards are hard links of the declared ones (see stages.extract_shard).
+    return sorted(p for p in found if ".staged" not in p.parts)
+
+
+def _is_shard(path: Path) -> bool:
+    return path.match(SHARD_INDEX_GLOB)
+
+
+def check(path: Path) -> list[str]:
+    if not _is_shard(path):
+        return manifest.check(path)
+    try:
+        return shards.ShardReader(path.parent, path.stem).verify()
+    except shards.ShardError as exc:
+        return [f"{path}: {exc}"]
 
 
 def verify(root: Path) -> dict[Path, list[str]]:
     """Problems per manifest (empty list: intact)."""
-    return {path: manifest.check(path) for path in find_manifests(root)}
+    return {path: check(path) for path in find_manifests(root)}
 
 
-def quarantine(manifest_path: Path) -> list[Path]:
-    moved = []
+def _members(manifest_path: Path) -> list[str]:
+    if _is_shard(manifest_path):
+        return [manifest_path.stem + ".bin", manifest_path.name]
     try:
         names = list(manifest.read(manifest_path)["files"])
     except (OSError, ValueError):
         names = []
-    for name in [*names, manifest.MANIFEST_NAME]:
+    return [*names, manifest.MANIFEST_NAME]
+
+
+def quarantine(manifest_path: Path) -> list[Path]:
+    moved = []
+    for name in _members(manifest_path):
         member = manifest_path.parent / name
         if member.exists():
             os.replace(member, member.with_name(member.name + ".corrupt"))

@@ -19,17 +19,18 @@ if TYPE_CHECKING:
     from draftsmith.datasets import Prompt
     from draftsmith.generate.records import Usage
 
-# Flags the builder sets, with their SGLang aliases, mapped to the config key to use instead.
-_OWNED_FLAGS = {
-    "--model-path": "the target model",
-    "--model": "the target model",
-    "--host": "generation.sglang.host",
-    "--port": "generation.sglang.port",
-    "--tp-size": "generation.sglang.tp_size",
-    "--tensor-parallel-size": "generation.sglang.tp_size",
-    "--mem-fraction-static": "generation.sglang.mem_fraction_static",
-    "--context-length": "generation.sglang.context_length",
+_SECTION = "generation.sglang"
+# Flags the base command sets, with their SGLang aliases, mapped to the key (in the
+# config section that holds the sglang settings) to use instead.
+_OWNED_KEYS = {
+    "--host": "host",
+    "--port": "port",
+    "--tp-size": "tp_size",
+    "--tensor-parallel-size": "tp_size",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--context-length": "context_length",
 }
+_MODEL_FLAGS = ("--model-path", "--model")
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
@@ -41,6 +42,11 @@ def build_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
     """The `sglang.launch_server` command line for generation with the plain target."""
     extra = [str(arg) for arg in sglang_cfg.get("extra_args") or []]
     _check_extra_args(extra)
+    return base_launch_command(model_dir, sglang_cfg) + extra
+
+
+def base_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
+    """Model, address, parallelism and memory flags from an sglang config block; no extra args."""
     cmd = [sglang_cfg["python"], "-m", "sglang.launch_server", "--model-path", model_dir]
     cmd += ["--host", sglang_cfg["host"], "--port", str(sglang_cfg["port"])]
     cmd += ["--tp-size", str(sglang_cfg["tp_size"])]
@@ -48,26 +54,40 @@ def build_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
         cmd += ["--mem-fraction-static", str(sglang_cfg["mem_fraction_static"])]
     if sglang_cfg.get("context_length") is not None:
         cmd += ["--context-length", str(sglang_cfg["context_length"])]
-    return cmd + extra
+    return cmd
+
+
+def owned_flags(section: str) -> dict[str, str]:
+    """Flags `base_launch_command` sets, mapped to what to configure in `section` instead."""
+    owned = dict.fromkeys(_MODEL_FLAGS, "the target model")
+    return owned | {flag: f"{section}.{key}" for flag, key in _OWNED_KEYS.items()}
+
+
+def extra_flags(extra: list[str]) -> list[str]:
+    """The flag names among extra args (`--x=1` gives `--x`; values are skipped)."""
+    return [arg.split("=", 1)[0] for arg in extra if arg.startswith("--")]
+
+
+def check_owned_flags(extra: list[str], owned: dict[str, str], section: str) -> None:
+    """Refuse extra args that repeat a flag the builder sets, in any spelling SGLang accepts."""
+    for flag in extra_flags(extra):
+        # SGLang's argparse accepts unambiguous prefixes, so `--tp` means `--tp-size`.
+        matches = [known for known in owned if known.startswith(flag)]
+        if matches and len(flag) > 2:
+            raise SGLangConfigError(
+                f"{section}.extra_args: {flag} duplicates {matches[0]}, which draftsmith "
+                f"sets itself; use {owned[matches[0]]} instead"
+            )
 
 
 def _check_extra_args(extra: list[str]) -> None:
-    for arg in extra:
-        if not arg.startswith("--"):
-            continue
-        flag = arg.split("=", 1)[0]
+    for flag in extra_flags(extra):
         if flag.startswith("--speculative"):
             raise SGLangConfigError(
-                f"generation.sglang.extra_args: {flag} is not allowed: generation must run "
+                f"{_SECTION}.extra_args: {flag} is not allowed: generation must run "
                 "the plain target (speculative decoding belongs to the benchmark stage)"
             )
-        # SGLang's argparse accepts unambiguous prefixes, so `--tp` means `--tp-size`.
-        owned = [known for known in _OWNED_FLAGS if known.startswith(flag)]
-        if owned and len(flag) > 2:
-            raise SGLangConfigError(
-                f"generation.sglang.extra_args: {flag} duplicates {owned[0]}, which draftsmith "
-                f"sets itself; use {_OWNED_FLAGS[owned[0]]} instead"
-            )
+    check_owned_flags(extra, owned_flags(_SECTION), _SECTION)
 
 
 def server_url(sglang_cfg: dict) -> str:

@@ -3,7 +3,9 @@
 Finished records go to a journal beside the declared outputs as they complete;
 a rerun after kill -9 or Ctrl-C sends nothing for a sample already in the
 journal. The declared `responses.jsonl` appears atomically, in prompt order,
-only when every prompt is done; then the journal is removed.
+only when every prompt is done. The journal is kept: a kill between that write
+and Snakemake's bookkeeping makes Snakemake rerun (and first delete) a finished
+output, and the journal then answers every prompt without a request.
 """
 
 from __future__ import annotations
@@ -111,7 +113,6 @@ def run(
         stats=stats,
         started=started,
     )
-    journal.remove()
     return stats
 
 

@@ -1,0 +1,1 @@
+"""Hidden-state extraction: shard plan, the hf backend, and the plan report."""
