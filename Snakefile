@@ -6,7 +6,7 @@
 import os
 
 from draftsmith import config as draftsmith_config
-from draftsmith.stages import plan_for
+from draftsmith.stages import extract_gpus, plan_for
 
 # `--configfile X` replaces the CPU default instead of being merged into it: a
 # production config must not inherit the demo datasets.

@@ -56,7 +56,7 @@ rule extract:
     threads: 2
     resources:
         mem_mb=8000,
-        gpu=1 if config["extract"]["device"].startswith("cuda") else 0,
+        gpu=extract_gpus(config),
     params:
         shard=lambda w: w.shard,
     script:

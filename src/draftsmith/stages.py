@@ -379,25 +379,21 @@ def extract_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_fil
     extract_plan.check_disk(
         round(needed), extract_plan.free_bytes(out), extract_cfg["allow_disk_overcommit"], shard
     )
-    gpu_count = 1 if extract_cfg["device"].startswith("cuda") else 0
-    with gpus.acquire_gpus(gpu_count):
-        model = target.load_model(
-            model_info["hf_dir"], dtype, extract_cfg["device"], config["model"]["trust_remote_code"]
-        )
-        capture = extract_hf.AuxCapture(model, aux.output_of)
-        meta = {
-            "layers": aux.as_manifest(),
-            "model_key": plan.model_key,
-            "data_key": plan.merged_key,
-            "hidden_key": plan.hidden_key,
-            "shard": shard,
-            "backend": "hf",
-            "device": extract_cfg["device"],
-        }
-        bar = jobs.progress(entry["num_tokens"], f"extract {shard}", unit="tok")
-        pad_id = model_info["special_tokens"]["pad_token_id"] or 0
-        staged.mkdir(parents=True, exist_ok=True)
-        with ShardWriter(
+    backend = extract_cfg["backend"]
+    meta = {
+        "layers": aux.as_manifest(),
+        "model_key": plan.model_key,
+        "data_key": plan.merged_key,
+        "hidden_key": plan.hidden_key,
+        "shard": shard,
+        "backend": backend,
+        "device": extract_cfg["device"],
+    }
+    bar = jobs.progress(entry["num_tokens"], f"extract {shard}", unit="tok")
+    staged.mkdir(parents=True, exist_ok=True)
+    with (
+        gpus.acquire_gpus(extract_gpus(config)),
+        ShardWriter(
             staged,
             shard,
             mode=extract_cfg["storage"],
@@ -406,18 +402,63 @@ def extract_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_fil
             meta=meta,
             zstd_level=extract_cfg["zstd_level"],
             zstd_threads=extract_cfg["zstd_threads"],
-        ) as writer:
+        ) as writer,
+    ):
+        if backend == "sglang":
+            _extract_sglang(config, model_info, aux, samples, writer, bar.update, log_file)
+        else:
+            model = target.load_model(
+                model_info["hf_dir"], dtype, extract_cfg["device"], config["model"]["trust_remote_code"]
+            )
             extract_hf.extract(
-                capture,
+                extract_hf.AuxCapture(model, aux.output_of),
                 samples,
                 writer,
                 batch_tokens=extract_cfg["batch_tokens"],
                 device=extract_cfg["device"],
-                pad_id=pad_id,
+                pad_id=model_info["special_tokens"]["pad_token_id"] or 0,
                 writer_queue=extract_cfg["writer_queue"],
                 on_written=bar.update,
             )
-        bar.close()
+    bar.close()
     _link_outputs(staged, shard, outputs)
     log.info("%s: %d samples, %d tokens", shard, len(samples), entry["num_tokens"])
     return json.loads(Path(outputs["index"]).read_text())
+
+
+def extract_gpus(config: dict) -> int:
+    """GPUs one extraction job holds (also its Snakemake `gpu` resource)."""
+    extract_cfg = config["extract"]
+    if extract_cfg["backend"] == "sglang":
+        return extract_cfg["sglang"].get("gpus", 1)
+    return 1 if extract_cfg["device"].startswith("cuda") else 0
+
+
+def _extract_sglang(config, model_info, aux, samples, writer, on_written, log_file) -> None:
+    """Two SGLang passes (aux states, then final states): extract/sglang.py says why."""
+    import torch
+
+    from draftsmith.extract import hf as extract_hf
+    from draftsmith.extract import sglang as capture
+
+    extract_cfg = config["extract"]
+    batches = list(extract_hf.batches(samples, extract_cfg["batch_tokens"]))
+    passes: dict[str, list] = {}
+    for mode in (capture.CaptureMode.AUX, capture.CaptureMode.FINAL):
+        server_log = Path(log_file or writer.directory / "extract").with_suffix(f".sglang-{mode}.log")
+        with capture.SGLangCapture(
+            model_info["hf_dir"], extract_cfg["sglang"], aux, mode=mode, log_path=server_log
+        ) as server:
+            passes[mode] = [a for batch in batches for a in server.capture([s.input_ids for s in batch])]
+    ordered = [s for batch in batches for s in batch]
+    dtype = getattr(torch, extract_cfg["dtype"] or config["model"]["dtype"])
+    paired = capture.pair_passes(passes[capture.CaptureMode.AUX], passes[capture.CaptureMode.FINAL])
+    for sample, (aux_states, final) in zip(ordered, paired, strict=True):
+        writer.add(
+            sample.id,
+            sample.input_ids,
+            sample.loss_mask,
+            torch.from_numpy(aux_states).to(dtype),
+            torch.from_numpy(final).to(dtype),
+        )
+        on_written(len(sample.input_ids))
