@@ -421,9 +421,22 @@ def extract_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_fil
                 on_written=bar.update,
             )
     bar.close()
+    _check_counts(json.loads((staged / f"{shard}.json").read_text()), entry, shard)
     _link_outputs(staged, shard, outputs)
     log.info("%s: %d samples, %d tokens", shard, len(samples), entry["num_tokens"])
     return json.loads(Path(outputs["index"]).read_text())
+
+
+def _check_counts(index: dict, entry: dict, shard: str) -> None:
+    """The written shard holds exactly the planned samples and tokens."""
+    from draftsmith.extract.hf import ExtractionError
+
+    ids = sorted(row[0] for row in index["samples"])
+    if ids != sorted(entry["samples"]) or index["num_tokens"] != entry["num_tokens"]:
+        raise ExtractionError(
+            f"{shard}: wrote {len(ids)} samples / {index['num_tokens']} tokens, "
+            f"the plan has {len(entry['samples'])} / {entry['num_tokens']}"
+        )
 
 
 def extract_gpus(config: dict) -> int:
