@@ -1,0 +1,246 @@
+"""A Llama-style EAGLE-3 draft and its training-time-test (TTT) loss.
+
+Parameter names are SGLang's (`midlayer.*`, `fc`, `norm`, `lm_head`, buffers `d2t`,
+`t2d`) so export needs no renaming for SGLang; `export.py` owns the maps to other
+formats. The embedding is the target's and stays frozen.
+
+Positions: the draft at position t reads the fused target feature of position t and
+the embedding of token t+1, and predicts the target's distribution at position t+1
+(token t+2). TTT step j feeds the draft's own output hidden state back at the same
+positions with tokens shifted by j, attends causally to step 0's keys plus, on the
+diagonal, to its own keys of steps 1..j (what the draft sees at inference), and its
+loss is weighted 0.8**j.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+STEP_DECAY = 0.8
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    target_hidden_size: int | None = None
+
+    @classmethod
+    def from_target(cls, text_config, draft_vocab_size: int, max_position_embeddings: int) -> DraftConfig:
+        heads = text_config.num_attention_heads
+        rope = getattr(text_config, "rope_parameters", None) or {}
+        return cls(
+            hidden_size=text_config.hidden_size,
+            intermediate_size=text_config.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=text_config.num_key_value_heads,
+            head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+            vocab_size=text_config.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            max_position_embeddings=max_position_embeddings,
+            rms_norm_eps=text_config.rms_norm_eps,
+            rope_theta=rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)),
+            target_hidden_size=text_config.hidden_size,
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    angles = positions.float()[..., None] * inv_freq
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Attention whose input is concat(norm(embedding), norm(hidden)): 2H wide."""
+
+    def __init__(self, c: DraftConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        b, t, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
+        cos, sin = cos[:, None], sin[:, None]
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
+        """q attends causally to step 0 (keys[0]) and to its own position in later steps."""
+        groups = self.c.num_attention_heads // self.c.num_key_value_heads
+        keys = [k.repeat_interleave(groups, dim=1) for k in keys]
+        values = [v.repeat_interleave(groups, dim=1) for v in values]
+        scale = 1.0 / math.sqrt(self.c.head_dim)
+        scores = [(q @ keys[0].transpose(-1, -2)) * scale + causal]
+        scores += [(q * k).sum(-1, keepdim=True) * scale for k in keys[1:]]
+        weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+        t = keys[0].shape[2]
+        out = weights[..., :t] @ values[0]
+        for i, v in enumerate(values[1:]):
+            out = out + weights[..., t + i : t + i + 1] * v
+        b, h, n, d = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, h * d))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DraftConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, c: DraftConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, c: DraftConfig, embed_weight: torch.Tensor) -> None:
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.clone(), freeze=True)
+        self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
+        self.midlayer = MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def step(self, embeds, hidden, positions, cache: tuple[list, list], causal):
+        """One draft step; appends this step's keys/values to `cache`; returns the new hidden."""
+        layer = self.midlayer
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+        q, k, v = layer.self_attn.project(x, positions)
+        cache[0].append(k)
+        cache[1].append(v)
+        h = hidden + layer.self_attn.attend(q, cache[0], cache[1], causal)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+
+def causal_bias(length: int, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    allowed = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
+    allowed = allowed[None] & attention_mask[:, None, :].bool()
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, -1e9)[:, None]
+
+
+def shift(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x[:, t+by] at position t, zero-padded at the end."""
+    if by == 0:
+        return x
+    pad = torch.zeros_like(x[:, :by])
+    return torch.cat([x[:, by:], pad], dim=1)
+
+
+def argmax_in_draft_vocab(
+    final: torch.Tensor, full_head: torch.Tensor, draft_logits: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
+    """Whether the target's argmax over its whole vocabulary lies in the draft vocabulary.
+
+    True exactly when the best draft-vocabulary logit is the best logit overall; the
+    full-vocabulary logits are computed in chunks of tokens to bound memory.
+    """
+    flat = final.reshape(-1, final.shape[-1])
+    best = torch.cat([(part.to(full_head.dtype) @ full_head.T).max(-1).values for part in flat.split(chunk)])
+    return draft_logits.reshape(-1, draft_logits.shape[-1]).max(-1).values.ge(best).reshape(final.shape[:-1])
+
+
+def ttt_loss(
+    draft: Eagle3Draft,
+    full_head: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    aux: torch.Tensor,
+    final: torch.Tensor,
+    steps: int,
+) -> tuple[torch.Tensor, list[dict]]:
+    """Weighted TTT loss over `steps` unrolled steps, plus per-step loss, correct and count.
+
+    `full_head` is the target's lm_head weight [vocab, H]; target logits are rebuilt
+    from the stored final states and restricted to the draft vocabulary. A position
+    counts when its predicted token is supervised and the target's own argmax is in
+    the draft vocabulary (the draft cannot be right otherwise).
+    """
+    b, t = input_ids.shape
+    with torch.no_grad():
+        draft_ids = draft.d2t + torch.arange(draft.d2t.numel(), device=draft.d2t.device)
+        target_logits = (final.to(full_head.dtype) @ full_head[draft_ids].T).float()
+        in_vocab = argmax_in_draft_vocab(final, full_head, target_logits)
+        target_probs = torch.softmax(target_logits, dim=-1)
+    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+    causal = causal_bias(t, attention_mask, aux.dtype)
+    hidden = draft.fc(aux)
+    cache: tuple[list, list] = ([], [])
+    total = hidden.new_zeros((), dtype=torch.float32)
+    stats = []
+    for j in range(steps):
+        tokens = shift(input_ids, j + 1)  # token t+j+1 at position t
+        hidden = draft.step(draft.embed_tokens(tokens).to(hidden.dtype), hidden, positions + j, cache, causal)
+        logits = draft.logits(hidden).float()
+        valid = (shift(loss_mask, j + 2) * shift(attention_mask, j + 2) * shift(in_vocab, j + 1)).bool()
+        probs = shift(target_probs, j + 1)  # the target's distribution at t+j+1
+        per_token = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+        count = valid.sum()
+        loss = (per_token * valid).sum() / count.clamp(min=1)
+        total = total + (STEP_DECAY**j) * loss
+        correct = ((logits.argmax(-1) == probs.argmax(-1)) & valid).sum()
+        stats.append({"loss": loss.detach(), "correct": correct.detach(), "count": count.detach()})
+    return total, stats
