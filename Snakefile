@@ -1,12 +1,12 @@
 # draftsmith: prompt datasets + a target LLM -> a trained, benchmarked EAGLE-3 draft.
 # Every artifact is a declared output under a content-addressed key; see
 # docs/architecture.md. Targets: `data` (merged shuffled JSONL), `plan` (extraction
-# plan report), `hidden_states` (every shard), `verify`.
+# plan report), `hidden_states` (every shard), `draft` (the trained draft), `verify`.
 
 import os
 
 from draftsmith import config as draftsmith_config
-from draftsmith.stages import extract_gpus, plan_for
+from draftsmith.stages import extract_gpus, plan_for, train_gpus
 
 # `--configfile X` replaces the CPU default instead of being merged into it: a
 # production config must not inherit the demo datasets.
@@ -28,6 +28,7 @@ include: "rules/responses.smk"
 include: "rules/tokens.smk"
 include: "rules/merge.smk"
 include: "rules/extract.smk"
+include: "rules/train.smk"
 include: "rules/verify.smk"
 
 
@@ -48,3 +49,4 @@ rule all:
     input:
         rules.data.input,
         rules.hidden_states.input,
+        rules.draft.output,

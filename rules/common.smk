@@ -5,6 +5,7 @@ wildcard_constraints:
     dataset="[A-Za-z0-9_.]+",
     key="[0-9a-f]{16}",
     shard="shard-[0-9]{5}",
+    segment="[0-9]{5}",
 
 
 def planned(kind, wildcards):
@@ -49,3 +50,14 @@ def dataset_backend(wildcards):
 def planned_responses(wildcards):
     planned("tokens", wildcards)  # refuses a key this config does not plan
     return str(PLAN.responses_dir(wildcards.dataset) / "responses.jsonl")
+
+
+def previous_checkpoint(wildcards):
+    """Checkpoint n-1 for segment n (none for segment 0); refuses an unplanned segment."""
+    segment = int(wildcards.segment)
+    if segment >= PLAN.num_segments:
+        raise ValueError(
+            f"segment {wildcards.segment} is not planned: this config trains "
+            f"{PLAN.num_segments} segments"
+        )
+    return [str(PLAN.checkpoint(segment - 1))] if segment else []

@@ -245,3 +245,27 @@ def test_load_rejects_invalid_yaml_and_non_mappings(tmp_path):
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
     cfg.load(path)
+
+
+def test_train_section_defaults_and_unknown_keys(raw):
+    config = cfg.load(DEFAULT_CONFIG)
+    assert config["train"]["draft_vocab_size"] == 4096 and config["train"]["gpus"] == 1
+    assert config["train"]["betas"] == [0.9, 0.95] and config["train"]["dtype"] is None
+    raw["train"]["learning_rate"] = 1.0e-4
+    assert "unknown key train.learning_rate" in error_of(raw)
+
+
+@pytest.mark.parametrize(
+    ("train", "expected"),
+    [
+        ({"gpus": 2, "grad_accum": 3}, "must be a multiple of train.gpus"),
+        ({"batch_tokens": 256}, "below tokenize.max_length"),
+        ({"max_position_embeddings": 256}, "the draft must cover the context"),
+        ({"warmup_steps": 500, "total_steps": 100}, "exceeds train.total_steps"),
+        ({"dtype": "float16"}, "train.dtype: expected one of"),
+        ({"device": "tpu"}, "train.device: expected one of"),
+    ],
+)
+def test_train_settings_that_cannot_work_are_refused(raw, train, expected):
+    raw["train"].update(train)
+    assert expected in error_of(raw)

@@ -384,3 +384,71 @@ def test_tree_sha256_depends_on_names_and_contents(tmp_path):
     assert renamed != first
     (root / "sub" / "c.txt").write_text("changed")
     assert cache.tree_sha256(root) != renamed
+
+
+def train_keys(plan: Plan) -> dict:
+    return {"hidden": plan.hidden_key, "draft_vocab": plan.draft_vocab_key, "draft": plan.draft_key}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ttt_steps", 5),
+        ("max_position_embeddings", 16384),
+        ("lr", 3.0e-4),
+        ("betas", [0.9, 0.99]),
+        ("weight_decay", 0.01),
+        ("warmup_steps", 3),
+        ("total_steps", 500),
+        ("grad_clip", None),
+        ("grad_accum", 4),
+        ("batch_tokens", 8192),
+        ("checkpoint_every", 7),
+        ("seed", 3),
+        ("dtype", "bfloat16"),
+    ],
+)
+def test_training_settings_move_only_the_draft_key(base, plan_of, field, value):
+    before = train_keys(plan_of(base))
+    base["train"] = {field: value}
+    after = train_keys(plan_of(base))
+    assert after["draft"] != before["draft"]
+    assert after["hidden"] == before["hidden"] and after["draft_vocab"] == before["draft_vocab"]
+
+
+@pytest.mark.parametrize("field", ["draft_vocab_size", "val_fraction"])
+def test_vocabulary_settings_move_vocab_and_draft(base, plan_of, field):
+    before = train_keys(plan_of(base))
+    base["train"] = {field: {"draft_vocab_size": 1000, "val_fraction": 0.1}[field]}
+    after = train_keys(plan_of(base))
+    assert after["draft_vocab"] != before["draft_vocab"] and after["draft"] != before["draft"]
+    assert after["hidden"] == before["hidden"]
+
+
+def test_device_and_world_size_change_no_key(base, plan_of):
+    base["train"] = {"grad_accum": 4}
+    before = train_keys(plan_of(base))
+    base["train"].update(device="cuda", gpus=4)
+    assert train_keys(plan_of(base)) == before
+
+
+def test_upstream_data_moves_vocab_and_draft(base, plan_of):
+    before = train_keys(plan_of(base))
+    base["merge"] = {"seed": 5}
+    after = train_keys(plan_of(base))
+    assert all(after[k] != before[k] for k in before)
+    base["merge"] = {"seed": 0}
+    base["extract"] = {"num_shards": 9}
+    moved = train_keys(plan_of(base))
+    assert moved["draft_vocab"] == before["draft_vocab"]  # the vocabulary reads the merged data, not shards
+    assert moved["hidden"] != before["hidden"] and moved["draft"] != before["draft"]
+
+
+def test_segments_are_fixed_by_config(base, plan_of):
+    base["train"] = {"total_steps": 10, "checkpoint_every": 4}
+    plan = plan_of(base)
+    assert plan.num_segments == 3 and plan.segment_names == ["00000", "00001", "00002"]
+    assert plan.checkpoint(2) == plan.draft_dir / "ckpt-00002.pt"
+    assert plan.metrics(0) == plan.draft_dir / "metrics-00000.jsonl"
+    assert plan.draft_dir == Path(base["artifacts_dir"]) / "draft" / plan.draft_key
+    assert plan.draft_vocab_dir == Path(base["artifacts_dir"]) / "draft_vocab" / plan.draft_vocab_key

@@ -19,10 +19,38 @@ from draftsmith.hashing import HashCache, derive_key
 
 # Bump a stage's version when its output format or semantics change on purpose:
 # that stage and everything downstream rebuild, nothing upstream does.
-STAGE_VERSIONS = {"model": 1, "responses": 1, "tokens": 1, "merged": 1, "hidden": 1}
+STAGE_VERSIONS = {
+    "model": 1,
+    "responses": 1,
+    "tokens": 1,
+    "merged": 1,
+    "hidden": 1,
+    "draft_vocab": 1,
+    "draft": 1,
+}
 
 # Generation settings that change what the target writes (the rest is speed).
 SEMANTIC_GENERATION = ("backend", "max_new_tokens", "temperature", "top_p", "seed", "system_prompt")
+
+# Training settings that change the trained draft. `device` and `gpus` do not: data
+# parallel gives the result of one process with the same global batch.
+SEMANTIC_TRAIN = (
+    "draft_vocab_size",
+    "ttt_steps",
+    "max_position_embeddings",
+    "lr",
+    "betas",
+    "weight_decay",
+    "warmup_steps",
+    "total_steps",
+    "grad_clip",
+    "grad_accum",
+    "batch_tokens",
+    "checkpoint_every",
+    "val_fraction",
+    "seed",
+    "dtype",
+)
 
 HF_METADATA_FILES = (
     "config.json",
@@ -66,6 +94,17 @@ class Plan:
         )
         self.hidden_key = stage_key(
             "hidden", self._hidden_params(), {"model": self.model_key, "merged": self.merged_key}
+        )
+        train = self.config["train"]
+        self.draft_vocab_key = stage_key(
+            "draft_vocab",
+            {"draft_vocab_size": train["draft_vocab_size"], "val_fraction": train["val_fraction"]},
+            {"model": self.model_key, "merged": self.merged_key},
+        )
+        self.draft_key = stage_key(
+            "draft",
+            self.train_params(),
+            {"model": self.model_key, "hidden": self.hidden_key, "draft_vocab": self.draft_vocab_key},
         )
         self.hash_cache.save()
         for path in self.missing_sources:
@@ -133,6 +172,10 @@ class Plan:
             "aux_layers": extract["aux_layers"] or "default",
         }
 
+    def train_params(self) -> dict:
+        train = self.config["train"]
+        return {k: train[k] for k in SEMANTIC_TRAIN}
+
     def _response_key(self, name: str) -> str:
         entry = cfg.dataset_settings(self.config, name)
         generation = {k: entry["generation"].get(k) for k in SEMANTIC_GENERATION}
@@ -181,9 +224,36 @@ class Plan:
         return [shard_name(i) for i in range(self.config["extract"]["num_shards"])]
 
     @property
+    def draft_vocab_dir(self) -> Path:
+        return self.root / "draft_vocab" / self.draft_vocab_key
+
+    @property
+    def draft_dir(self) -> Path:
+        return self.root / "draft" / self.draft_key
+
+    @property
+    def num_segments(self) -> int:
+        train = self.config["train"]
+        return -(-train["total_steps"] // train["checkpoint_every"])
+
+    @property
+    def segment_names(self) -> list[str]:
+        return [segment_name(i) for i in range(self.num_segments)]
+
+    def checkpoint(self, segment: int) -> Path:
+        return self.draft_dir / f"ckpt-{segment_name(segment)}.pt"
+
+    def metrics(self, segment: int) -> Path:
+        return self.draft_dir / f"metrics-{segment_name(segment)}.jsonl"
+
+    @property
     def results_dir(self) -> Path:
         return Path("results") / self.config["experiment"]
 
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
+
+
+def segment_name(index: int) -> str:
+    return f"{index:05d}"

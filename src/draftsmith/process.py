@@ -183,6 +183,31 @@ class ManagedServer:
         return f"; could not read {self.log_path}"
 
 
+def run_guarded(
+    cmd: list[str], *, env: dict[str, str] | None = None, name: str, stop_timeout_s: float = 30
+) -> int:
+    """Run `cmd` to completion under the guard (its own process group); returns its exit code.
+
+    For worker groups a job waits on (torchrun and its ranks): output goes to our
+    own stdout/stderr (the job log); the whole group is torn down when this call
+    leaves, normally, on an exception or on `Interrupted`, and by the guard when
+    this process is killed outright.
+    """
+    log.info("%s: running: %s", name, shlex.join(redact(cmd)))
+    proc = subprocess.Popen(
+        _guard_command(cmd, stop_timeout_s),
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_guard_preexec,
+    )
+    try:
+        return proc.wait()
+    finally:
+        with _signals_deferred():
+            _terminate_group(proc, stop_timeout_s, name)
+
+
 def redact(cmd: list[str]) -> list[str]:
     """`cmd` with the values of secret-looking flags hidden, for logs."""
     out, hide_next = [], False

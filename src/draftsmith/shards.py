@@ -31,13 +31,25 @@ The hidden states are stored per `mode`:
 - `zstd` (lossless): the bytes are shuffled into planes (byte 0 of every value,
   then byte 1, ...; for bf16 the low-byte plane then the high-byte plane) and
   compressed as one zstd frame (`zstd_level`, default 1; `zstd_threads`: 0 one
-  thread, N workers, -1 all cores). Shuffling groups the sign/exponent bytes, which
-  carry little entropy, away from the noisy low mantissa bytes; that is where the
-  gain comes from. ids and mask stay raw: they are ~5 bytes of ~8H per token.
+  thread, N workers, -1 all cores; with threads, up to `_ZSTD_JOBS` blobs are
+  compressed at once, each with its share of them, which changes no byte: zstd's
+  output is the same for every thread count >= 1). Shuffling groups the
+  sign/exponent bytes, which carry little entropy, away from the noisy low
+  mantissa bytes; that is where the gain comes from. ids and mask stay raw: they
+  are ~5 bytes of ~8H per token.
 - `fp8` (lossy, opt-in): per-token scaled float8 e4m3, scale = max|x| / 448 over
   each H-wide slice (so each aux layer gets its own scale), zero rows scale 1.
   The reader dequantises to the shard dtype; the writer records the relative
   Frobenius error it introduced (overall and worst sample) in the manifest.
+
+Encoding (checks, byte shuffle, fp8 quantisation and its error sums) is plain
+torch, so it runs where the tensors are: `ShardWriter.encode` turns a padded
+batch into storage form (on the GPU during extraction, before the copy to the
+host) and `ShardWriter.add_encoded` stores one row of it; `add` does both for a
+single CPU sample. The bytes are the same either way. The file write, the
+sha256 and the starting of writeback (every `_WRITEBACK_CHUNK` bytes) run on
+three background threads (all release the GIL; see `_Sink`), so the disk is
+busy from the start and `close()`'s fsync has little left to do.
 
 The per-sample index is a list of compact rows `[id, num_tokens, [offset,
 length], ...]`, one line per sample, with the blob order given once in
@@ -46,15 +58,19 @@ length], ...]`, one line per sample, with the blob order given once in
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
 import math
 import os
+import queue
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +95,18 @@ _STORAGE_DTYPES = {"float32": np.dtype("<f4"), "bfloat16": np.dtype("<i2"), "flo
 _BASE_BLOBS = ("input_ids", "loss_mask", "aux", "final")
 _FP8_BLOBS = ("aux_scale", "final_scale")
 _PAD = bytes(ALIGNMENT)
+# Writes smaller than this are gathered into one buffer before they reach the I/O threads.
+_COALESCE = 1 << 20
+# Queued buffers per I/O thread (views of host memory, not copies).
+_SINK_DEPTH = 32
+# Every this many bytes written, writeback of them is started and older pages are
+# dropped (see `_Sink`), so dirty data never piles up for the final fsync. 0 leaves
+# it all to the kernel.
+_WRITEBACK_CHUNK = 128 << 20
+# zstd_threads != 0: blobs compressed at once (each with its share of the threads;
+# zstd's output is the same for any thread count >= 1) and samples kept in flight.
+_ZSTD_JOBS = 4
+_ZSTD_PENDING = 16
 # Integer view and exponent bits per dtype; an all-ones exponent means NaN or Inf.
 _EXPONENT_MASKS = {
     torch.float32: (torch.int32, np.int32(0x7F800000)),
@@ -181,18 +209,12 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
 class _ErrorSums:
     """Running sums for the fp8 relative Frobenius error of one tensor kind."""
 
-    dtype: torch.dtype
     err_sq: float = 0.0
     ref_sq: float = 0.0
     max_sample: float = 0.0
 
-    def add(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
-        """Account for one tensor `x` (float32) against what the reader will return for (q, scale)."""
-        # float32 norms (tree-reduced by torch) are accurate to ~1e-6 relative here and
-        # several times faster than a float64 pass, which dominated fp8 write time.
-        x_hat = fp8_dequantize(q, scale, self.dtype).float()
-        err_sq = float(torch.linalg.vector_norm(x_hat.sub_(x))) ** 2
-        ref_sq = float(torch.linalg.vector_norm(x)) ** 2
+    def add(self, err_sq: float, ref_sq: float) -> None:
+        """Account for one sample: squared norms of (reader's value - x) and of x."""
         self.err_sq += err_sq
         self.ref_sq += ref_sq
         self.max_sample = max(self.max_sample, _relative(err_sq, ref_sq))
@@ -205,6 +227,176 @@ def _relative(err_sq: float, ref_sq: float) -> float:
     if ref_sq == 0:
         return 0.0 if err_sq == 0 else math.inf
     return math.sqrt(err_sq / ref_sq)
+
+
+@dataclass
+class EncodedBatch:
+    """A padded batch's hidden states in storage form, made by `ShardWriter.encode`.
+
+    Row r is one sample whose first `lengths[r]` positions are real tokens. The
+    tensors stay on the device they were made on; copy them to the host with
+    `apply` (e.g. into pinned memory) before `ShardWriter.add_encoded`. Per mode
+    `tensors` holds, besides `bad` (int32 (B, W, 2): per-token NaN/Inf counts of
+    aux and final):
+
+    - raw: `aux` (B, W, 3H) and `final` (B, W, H) in the shard dtype;
+    - zstd: `planes`, flat uint8: per row, the byte planes of its aux values,
+      then those of its final values (real tokens only);
+    - fp8: `aux_q` (B, W, 3H) and `final_q` (B, W, H) as uint8 bits of e4m3,
+      `aux_scale` (B, W, 3) and `final_scale` (B, W) float32, and `err`
+      (B, W, 4) float32: per token the squared error the reader's values will
+      have and the squared norm, for aux then final.
+    """
+
+    lengths: list[int]
+    tensors: dict[str, torch.Tensor]
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> EncodedBatch:
+        return EncodedBatch(list(self.lengths), {k: fn(v) for k, v in self.tensors.items()})
+
+
+def _non_finite_per_token(t: torch.Tensor) -> torch.Tensor:
+    """NaN/Inf count per token (last dim summed), from the exponent bits (any device)."""
+    int_dtype, exponent = _EXPONENT_MASKS[t.dtype]
+    if t.device.type == "cpu":  # numpy's integer kernels are several times faster than torch's on CPU
+        bits = t.view(int_dtype).numpy()
+        return torch.from_numpy(((bits & exponent) == exponent).sum(axis=-1, dtype=np.int32))
+    mask = int(exponent)
+    return ((t.view(int_dtype) & mask) == mask).sum(dim=-1, dtype=torch.int32)
+
+
+def _fp8_encode(x: torch.Tensor, groups: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """(B, W, G*S) -> uint8 e4m3 bits, float32 scales (B, W, G), per-token err_sq and ref_sq."""
+    rows, width = x.shape[:2]
+    xf = x.reshape(rows * width, -1).float()  # one float32 copy serves quantisation and error sums
+    q, scale = fp8_quantize(xf, groups)
+    # Against exactly what the reader returns: dequantised, then rounded to the shard dtype.
+    # Per-token float32 sums (tree-reduced by torch), added up per sample in float64.
+    x_hat = fp8_dequantize(q, scale, dtype).float()
+    err_sq = x_hat.sub_(xf).square_().sum(dim=-1)
+    ref_sq = xf.square().sum(dim=-1)
+    shape = (rows, width)
+    return (
+        q.view(torch.uint8).reshape(*shape, -1),
+        scale.reshape(*shape, groups),
+        err_sq.reshape(shape),
+        ref_sq.reshape(shape),
+    )
+
+
+class _Sink:
+    """The `.bin` byte stream: file writes, sha256 and writeback each on their own thread.
+
+    All three release the GIL, so they overlap each other and the caller's
+    encoding and compression. Buffers are queued as views (never copied),
+    except writes under `_COALESCE` bytes, which are gathered first. Every
+    `_WRITEBACK_CHUNK` bytes the write thread hands the range to the writeback
+    thread, which starts writing it to disk (posix_fadvise DONTNEED starts
+    writeback of dirty pages and drops clean ones) and drops the range two
+    before it, written back by then. Without that the kernel would hold many GB
+    dirty until close()'s fsync, and with it on the write thread the page-cache
+    copies would wait for the disk. `write()` raises the first I/O error;
+    `finish()` drains, joins and raises it too. `busy` sums each thread's
+    working seconds.
+    """
+
+    def __init__(self, file) -> None:
+        self._file = file
+        self.digest = hashlib.sha256()
+        self.error: BaseException | None = None
+        self.busy = {"io": 0.0, "sha256": 0.0, "writeback": 0.0}
+        self._small = bytearray()
+        self._stopped = False
+        self._written = self._handed = 0
+        self._queues = [queue.Queue(maxsize=_SINK_DEPTH) for _ in range(2)]
+        self._ranges: queue.Queue = queue.Queue()
+        work = (("io", self._write_file), ("sha256", self.digest.update))
+        self._threads = [
+            threading.Thread(target=self._drain, args=(q, label, fn), name=f"shard-{label}", daemon=True)
+            for q, (label, fn) in zip(self._queues, work, strict=True)
+        ]
+        self._writeback = threading.Thread(target=self._write_back, name="shard-writeback", daemon=True)
+        for thread in (*self._threads, self._writeback):
+            thread.start()
+
+    def write(self, view: memoryview) -> None:
+        if len(view) < _COALESCE:
+            self._small += view
+            if len(self._small) >= _COALESCE:
+                self._flush_small()
+            return
+        self._flush_small()
+        self._put(view)
+
+    def _flush_small(self) -> None:
+        if self._small:
+            small, self._small = self._small, bytearray()
+            self._put(small)
+
+    def _put(self, item) -> None:
+        if self.error is not None:
+            raise self.error
+        for q in self._queues:
+            q.put(item)
+
+    def _drain(self, q: queue.Queue, label: str, consume: Callable) -> None:
+        while (item := q.get()) is not None:
+            if self.error is None:
+                start = time.perf_counter()
+                try:
+                    consume(item)
+                except BaseException as exc:  # raised in the caller's thread
+                    self.error = exc
+                self.busy[label] += time.perf_counter() - start
+
+    def _write_file(self, data) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self._file.write(view) :]
+        self._written += len(data)
+        if _WRITEBACK_CHUNK and self._written - self._handed >= _WRITEBACK_CHUNK:
+            self._ranges.put((self._handed, self._written))
+            self._handed = self._written
+
+    def _write_back(self) -> None:
+        """Start writeback of each range handed over; drop the pages of the one two before."""
+        fd = self._file.fileno()
+        started: list[tuple[int, int]] = []
+        while (span := self._ranges.get()) is not None:
+            if self.error is not None:
+                continue
+            start = time.perf_counter()
+            try:
+                for first, end in [span, *started[:-1]]:
+                    os.posix_fadvise(fd, first, end - first, os.POSIX_FADV_DONTNEED)
+            except OSError:  # advisory only: close()'s fsync still makes the data durable
+                pass
+            started = [*started[-1:], span]
+            self.busy["writeback"] += time.perf_counter() - start
+
+    def _stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for q in self._queues:
+            q.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._ranges.put(None)  # after the write thread, the only one that hands ranges over
+        self._writeback.join()
+
+    def finish(self) -> None:
+        try:
+            self._flush_small()
+        finally:
+            self._stop()
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        if self.error is None:
+            self.error = ShardError("shard writer aborted")
+        self._stop()
 
 
 class ShardWriter:
@@ -239,28 +431,46 @@ class ShardWriter:
         self.mode, self.dtype, self.hidden_size = mode, dtype, hidden_size
         self.meta = meta
         self.zstd_level, self.zstd_threads = zstd_level, zstd_threads
-        self._compressor = self._make_compressor() if mode == "zstd" else None
+        self._torch_dtype = _TORCH_DTYPES[dtype]
+        self._compressor = self._make_compressor(zstd_threads) if mode == "zstd" else None
+        self._pool: ThreadPoolExecutor | None = None
+        if mode == "zstd" and zstd_threads != 0:
+            total = (os.cpu_count() or 1) if zstd_threads < 0 else zstd_threads
+            jobs = max(1, min(_ZSTD_JOBS, total))
+            self._job_threads = max(1, total // jobs)
+            self._pool = ThreadPoolExecutor(jobs, thread_name_prefix="shard-zstd")
+            self._local = threading.local()
+        # Samples checked but not yet written: (id, ids, mask, hidden blobs or their futures).
+        self._pending: collections.deque = collections.deque()
         self._rows: list[list] = []
         self._seen: set[str] = set()
         self._num_tokens = 0
         self._raw_bytes = 0
         self._stored_bytes = 0
-        self._errors = {kind: _ErrorSums(_TORCH_DTYPES[dtype]) for kind in ("aux", "final")}
-        self._digest = hashlib.sha256()
+        self._errors = {kind: _ErrorSums() for kind in ("aux", "final")}
         self._offset = 0
         self._open_temp()
 
-    def _make_compressor(self):
+    def _make_compressor(self, threads: int):
         import zstandard
 
-        return zstandard.ZstdCompressor(level=self.zstd_level, threads=self.zstd_threads)
+        return zstandard.ZstdCompressor(level=self.zstd_level, threads=threads)
+
+    def _compress(self, data) -> bytes:
+        """One blob on a pool thread, with that thread's own compressor (they are not thread-safe)."""
+        compressor = getattr(self._local, "compressor", None)
+        if compressor is None:
+            compressor = self._local.compressor = self._make_compressor(self._job_threads)
+        return compressor.compress(data)
 
     def _open_temp(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"{atomic.TMP_PREFIX}{self.name}.bin.", dir=self.directory)
         self._tmp_path = Path(tmp)
-        self._file = os.fdopen(fd, "wb")
+        # Unbuffered: the sink hands over large buffers, coalescing the small ones itself.
+        self._file = os.fdopen(fd, "wb", buffering=0)
         self._done = False
+        self._sink = _Sink(self._file)
 
     @property
     def bin_path(self) -> Path:
@@ -282,19 +492,123 @@ class ShardWriter:
     # -- adding samples
 
     def add(self, sample_id: str, input_ids, loss_mask, aux: torch.Tensor, final: torch.Tensor) -> None:
+        """Store one sample: aux (T, 3H) and final (T, H), CPU tensors in the shard dtype."""
+        self._check_open()
+        ids, mask = self._validate_ids(sample_id, input_ids, loss_mask)
+        tokens = len(ids)
+        for label, tensor, width in (("aux", aux, 3 * self.hidden_size), ("final", final, self.hidden_size)):
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+                raise self._sample_error(sample_id, f"{label} must be a CPU tensor")
+            if tuple(tensor.shape) != (tokens, width):
+                raise self._sample_error(
+                    sample_id, f"{label} has shape {tuple(tensor.shape)}, expected ({tokens}, {width})"
+                )
+            if tensor.dtype != self._torch_dtype:
+                raise self._sample_error(sample_id, f"{label} is {tensor.dtype}, shard dtype is {self.dtype}")
+        batch = self.encode(aux.unsqueeze(0), final.unsqueeze(0), [tokens])
+        self._add_checked(sample_id, ids, mask, batch, 0)
+
+    def encode(self, aux: torch.Tensor, final: torch.Tensor, lengths: Sequence[int]) -> EncodedBatch:
+        """A padded batch, aux (B, W, 3H) and final (B, W, H), in storage form on its own device.
+
+        Only the first `lengths[r]` positions of row r are stored; nothing is written yet.
+        """
+        lengths = [int(n) for n in lengths]
+        rows = len(lengths)
+        width = aux.shape[1] if aux.ndim == 3 else -1
+        for label, tensor, size in (("aux", aux, 3 * self.hidden_size), ("final", final, self.hidden_size)):
+            if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != (rows, width, size):
+                shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                raise ShardError(
+                    f"shard {self.name}: batch {label} has shape {shape}, expected (B, W, {size})"
+                )
+            if tensor.dtype != self._torch_dtype:
+                raise ShardError(
+                    f"shard {self.name}: batch {label} is {tensor.dtype}, shard dtype is {self.dtype}"
+                )
+        if any(not 0 < n <= width for n in lengths):
+            raise ShardError(f"shard {self.name}: batch lengths {lengths} outside 1..{width}")
+        bad = torch.stack([_non_finite_per_token(aux), _non_finite_per_token(final)], dim=-1)
+        tensors = {"bad": bad}
+        if self.mode == "raw":
+            tensors.update(aux=aux.contiguous(), final=final.contiguous())
+        elif self.mode == "zstd":
+            tensors["planes"] = self._shuffle_rows(aux, final, lengths)
+        else:
+            aux_q, aux_scale, aux_err, aux_ref = _fp8_encode(aux, 3, self._torch_dtype)
+            final_q, final_scale, final_err, final_ref = _fp8_encode(final, 1, self._torch_dtype)
+            tensors.update(
+                aux_q=aux_q,
+                final_q=final_q,
+                aux_scale=aux_scale,
+                final_scale=final_scale.squeeze(-1),
+                err=torch.stack([aux_err, aux_ref, final_err, final_ref], dim=-1),
+            )
+        return EncodedBatch(lengths, tensors)
+
+    def _shuffle_rows(self, aux: torch.Tensor, final: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """Each row's aux then final byte planes (see `shuffle_bytes`), packed into one flat buffer."""
+        width = self._torch_dtype.itemsize
+        planes = torch.empty(
+            sum(lengths) * 4 * self.hidden_size * width, dtype=torch.uint8, device=aux.device
+        )
+        offset = 0
+        for row, tokens in enumerate(lengths):
+            for tensor in (aux[row, :tokens], final[row, :tokens]):
+                size = tensor.numel() * width
+                values = tensor.reshape(-1).view(torch.uint8).view(-1, width)
+                target = planes[offset : offset + size].view(width, -1)
+                if target.device.type == "cpu":  # numpy's strided copy is the faster one there
+                    target.numpy()[...] = values.numpy().T
+                else:
+                    target.copy_(values.t())
+                offset += size
+        return planes
+
+    def add_encoded(self, sample_id: str, input_ids, loss_mask, batch: EncodedBatch, row: int) -> None:
+        """Store row `row` of an `encode`d batch (CPU tensors) as one sample."""
+        self._check_open()
+        ids, mask = self._validate_ids(sample_id, input_ids, loss_mask)
+        if not 0 <= row < len(batch.lengths):
+            raise self._sample_error(sample_id, f"no row {row} in a batch of {len(batch.lengths)}")
+        if len(ids) != batch.lengths[row]:
+            raise self._sample_error(sample_id, f"{len(ids)} input_ids, batch row has {batch.lengths[row]}")
+        if any(t.device.type != "cpu" for t in batch.tensors.values()):
+            raise self._sample_error(sample_id, "encoded batch must be on the CPU")
+        self._add_checked(sample_id, ids, mask, batch, row)
+
+    def _add_checked(self, sample_id: str, ids: np.ndarray, mask: np.ndarray, batch, row: int) -> None:
+        tokens = len(ids)
+        bad = batch.tensors["bad"][row, :tokens].sum(dim=0).tolist()
+        for label, count in zip(("aux", "final"), bad, strict=True):
+            if count:
+                raise self._sample_error(sample_id, f"{label} has {count} non-finite values (NaN/Inf)")
+        self._seen.add(sample_id)
+        self._pending.append((sample_id, ids, mask, self._hidden_blobs(batch, row, tokens)))
+        self._write_pending(keep=_ZSTD_PENDING if self._pool else 0)
+
+    def _write_pending(self, keep: int) -> None:
+        """Write finished samples in order, waiting on compression while more than `keep` remain."""
+        while self._pending and (len(self._pending) > keep or _all_done(self._pending[0][3])):
+            sample_id, ids, mask, hidden = self._pending.popleft()
+            blobs = [self._write_blob(ids), self._write_blob(mask)]
+            blobs += [self._write_blob(b.result() if isinstance(b, Future) else b) for b in hidden]
+            tokens = len(ids)
+            self._rows.append([sample_id, tokens, *blobs])
+            self._num_tokens += tokens
+            hidden_bytes = tokens * 4 * self.hidden_size * self._torch_dtype.itemsize
+            self._raw_bytes += ids.nbytes + mask.nbytes + hidden_bytes
+
+    def _check_open(self) -> None:
         if self._done:
             raise ShardError(f"shard {self.name}: add() after close()/abort()")
-        ids, mask = self._validate(sample_id, input_ids, loss_mask, aux, final)
-        blobs = [self._write_blob(ids), self._write_blob(mask)]
-        blobs += self._write_hidden(aux, final)
-        self._seen.add(sample_id)
-        self._rows.append([sample_id, len(ids), *blobs])
-        self._num_tokens += len(ids)
-        self._raw_bytes += ids.nbytes + mask.nbytes + aux.nbytes + final.nbytes
 
-    def _validate(self, sample_id, input_ids, loss_mask, aux, final) -> tuple[np.ndarray, np.ndarray]:
+    def _sample_error(self, sample_id, problem: str) -> ShardError:
+        return ShardError(f"shard {self.name}, sample {sample_id!r}: {problem}")
+
+    def _validate_ids(self, sample_id, input_ids, loss_mask) -> tuple[np.ndarray, np.ndarray]:
         def fail(problem: str) -> ShardError:
-            return ShardError(f"shard {self.name}, sample {sample_id!r}: {problem}")
+            return self._sample_error(sample_id, problem)
 
         if not isinstance(sample_id, str) or not sample_id:
             raise fail("sample id must be a non-empty string")
@@ -311,51 +625,42 @@ class ShardWriter:
             raise fail("input_ids outside the int32 range")
         if mask.shape != ids.shape or not np.isin(mask, (0, 1)).all():
             raise fail(f"loss_mask must be {tokens} values of 0/1, got shape {mask.shape}")
-        expected = _TORCH_DTYPES[self.dtype]
-        for label, tensor, width in (("aux", aux, 3 * self.hidden_size), ("final", final, self.hidden_size)):
-            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
-                raise fail(f"{label} must be a CPU tensor")
-            if tuple(tensor.shape) != (tokens, width):
-                raise fail(f"{label} has shape {tuple(tensor.shape)}, expected ({tokens}, {width})")
-            if tensor.dtype != expected:
-                raise fail(f"{label} is {tensor.dtype}, shard dtype is {self.dtype}")
-            bad = non_finite_count(tensor)
-            if bad:
-                raise fail(f"{label} has {bad} non-finite values (NaN/Inf)")
         return ids.astype("<i4"), mask.astype(np.uint8)
 
-    def _write_hidden(self, aux: torch.Tensor, final: torch.Tensor) -> list[list[int]]:
+    def _hidden_blobs(self, batch: EncodedBatch, row: int, tokens: int) -> list:
+        """The row's hidden-state blobs in storage order: arrays, bytes, or futures of bytes."""
+        t = batch.tensors
         if self.mode == "raw":
-            return [self._write_blob(_to_numpy(aux)), self._write_blob(_to_numpy(final))]
+            return [_to_numpy(t[k][row, :tokens]) for k in ("aux", "final")]
         if self.mode == "zstd":
-            return [self._write_compressed(aux), self._write_compressed(final)]
-        blobs = []
-        for kind, tensor, groups in (("aux", aux, 3), ("final", final, 1)):
-            x = tensor.float()  # one float32 copy serves quantisation and error accounting
-            q, scale = fp8_quantize(x, groups)
-            self._errors[kind].add(x, q, scale)
-            blobs.append((q, scale))
-        (aux_q, aux_scale), (final_q, final_scale) = blobs
-        return [self._write_blob(_to_numpy(b)) for b in (aux_q, final_q, aux_scale, final_scale)]
+            start = self._plane_offset(batch, row)
+            sizes = [tokens * n * self.hidden_size * self._torch_dtype.itemsize for n in (3, 1)]
+            planes = t["planes"].numpy()
+            parts = (planes[start : start + sizes[0]], planes[start + sizes[0] : start + sizes[0] + sizes[1]])
+            if self._pool is None:
+                return [self._compressor.compress(p) for p in parts]
+            return [self._pool.submit(self._compress, p) for p in parts]
+        aux_err, aux_ref, final_err, final_ref = t["err"][row, :tokens].double().sum(dim=0).tolist()
+        self._errors["aux"].add(aux_err, aux_ref)
+        self._errors["final"].add(final_err, final_ref)
+        return [_to_numpy(t[k][row, :tokens]) for k in ("aux_q", "final_q", "aux_scale", "final_scale")]
 
-    def _write_compressed(self, tensor: torch.Tensor) -> list[int]:
-        planes = shuffle_bytes(_to_numpy(tensor))
-        return self._write_blob(self._compressor.compress(planes))
+    def _plane_offset(self, batch: EncodedBatch, row: int) -> int:
+        return sum(batch.lengths[:row]) * 4 * self.hidden_size * self._torch_dtype.itemsize
 
     def _write_blob(self, data) -> list[int]:
         """Append one blob at the next aligned offset; returns [offset, length]."""
         view = memoryview(data).cast("B")
         pad = -self._offset % ALIGNMENT
         if pad:
-            self._write(_PAD[:pad])
+            self._write(memoryview(_PAD[:pad]))
         offset = self._offset
         self._write(view)
         self._stored_bytes += len(view)
         return [offset, len(view)]
 
-    def _write(self, view) -> None:
-        self._file.write(view)
-        self._digest.update(view)
+    def _write(self, view: memoryview) -> None:
+        self._sink.write(view)
         self._offset += len(view)
 
     # -- finishing
@@ -366,6 +671,9 @@ class ShardWriter:
             raise ShardError(f"shard {self.name}: already closed or aborted")
         self._done = True
         try:
+            self._write_pending(keep=0)
+            self._stop_pool()
+            self._sink.finish()
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -387,7 +695,14 @@ class ShardWriter:
         self._done = True
         self._remove_temp()
 
+    def _stop_pool(self) -> None:
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
     def _remove_temp(self) -> None:
+        self._stop_pool()
+        self._sink.cancel()
         with contextlib.suppress(OSError):
             self._file.close()
         with contextlib.suppress(FileNotFoundError):
@@ -402,7 +717,11 @@ class ShardWriter:
             "hidden_size": self.hidden_size,
             "num_samples": len(self._rows),
             "num_tokens": self._num_tokens,
-            "bin": {"name": self.bin_path.name, "sha256": self._digest.hexdigest(), "size": self._offset},
+            "bin": {
+                "name": self.bin_path.name,
+                "sha256": self._sink.digest.hexdigest(),
+                "size": self._offset,
+            },
             "bytes": {
                 "raw": self._raw_bytes,  # ids + mask + hidden states at the shard dtype
                 "stored": self._stored_bytes,  # blob payloads, without alignment padding
@@ -421,6 +740,10 @@ class ShardWriter:
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "samples": self._rows,
         }
+
+
+def _all_done(blobs: list) -> bool:
+    return all(b.done() for b in blobs if isinstance(b, Future))
 
 
 def _as_int_array(values) -> np.ndarray:

@@ -475,3 +475,242 @@ def _extract_sglang(config, model_info, aux, samples, writer, on_written, log_fi
             torch.from_numpy(final).to(dtype),
         )
         on_written(len(sample.input_ids))
+
+
+# --- draft vocabulary ----------------------------------------------------------------
+def build_draft_vocab(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """The draft vocabulary from supervised tokens of the training split (held-out slice excluded)."""
+    import numpy as np
+    from safetensors.torch import save as save_tensors
+
+    from draftsmith.draft import vocab as draft_vocab
+    from draftsmith.draft.data import id_fraction
+
+    started = time.time()
+    plan = plan_for(config)
+    train = config["train"]
+    size, val_fraction = train["draft_vocab_size"], train["val_fraction"]
+    vocab_size = read_model_info(Path(inputs["model"]).parent)["vocab_size"]
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    samples = held_out = 0
+    # The fallback of `held_out_ids` (no id below the threshold: the smallest hash is held
+    # out) is applied at the end, from the one sample it can concern.
+    smallest: tuple[float, np.ndarray] | None = None
+    for sample in atomic.read_jsonl(inputs["merged"]):
+        ids = np.asarray(sample["input_ids"], dtype=np.int64)
+        supervised = ids[np.asarray(sample["loss_mask"], dtype=bool)]
+        if supervised.size and (supervised.min() < 0 or supervised.max() >= vocab_size):
+            raise cfg.ConfigError(f"{inputs['merged']}: sample {sample['id']} has ids outside the vocabulary")
+        samples += 1
+        fraction = id_fraction(sample["id"])
+        if fraction < val_fraction:
+            held_out += 1
+            continue
+        own = np.bincount(supervised, minlength=vocab_size)
+        counts += own
+        if smallest is None or fraction < smallest[0]:
+            smallest = (fraction, own)
+    if held_out == 0 and val_fraction > 0 and samples > 1 and smallest is not None:
+        counts -= smallest[1]
+        held_out = 1
+    counter = draft_vocab.Counter({int(t): int(counts[t]) for t in np.flatnonzero(counts)})
+    if not counter:
+        raise cfg.ConfigError(f"{inputs['merged']}: no supervised token in the training split")
+    tensors = draft_vocab.build(counter, size, vocab_size)
+    info = {
+        "draft_vocab_size": size,
+        "target_vocab_size": vocab_size,
+        "coverage": draft_vocab.coverage(counter, tensors["t2d"]),
+        "distinct_tokens": len(counter),
+        "padded": max(0, size - len(counter)),
+        "supervised_tokens": int(counts.sum()),
+        "train_samples": samples - held_out,
+        "held_out_samples": held_out,
+        "val_fraction": val_fraction,
+    }
+    with atomic.atomic_open(outputs["vocab"], "wb") as handle:
+        handle.write(save_tensors(tensors))
+    atomic.write_json(outputs["info"], info)
+    manifest.write(
+        outputs["manifest"],
+        stage="draft_vocab",
+        key=plan.draft_vocab_key,
+        files=[Path(outputs["vocab"]), Path(outputs["info"])],
+        params={"draft_vocab_size": size, "val_fraction": val_fraction},
+        upstream={"model": plan.model_key, "merged": plan.merged_key},
+        stats=info,
+        started=started,
+    )
+    log.info("draft vocabulary: %s", json.dumps(info))
+    return info
+
+
+# --- draft training ------------------------------------------------------------------
+def train_gpus(config: dict) -> int:
+    """GPUs one training segment job holds (also its Snakemake `gpu` resource)."""
+    train = config["train"]
+    return train["gpus"] if train["device"] == "cuda" else 0
+
+
+def draft_spec(config: dict, plan: Plan, model_info: dict, vocab: str) -> dict:
+    """What every training process needs (JSON: torchrun ranks read it from a file)."""
+    return {
+        "key": plan.draft_key,
+        "hf_dir": model_info["hf_dir"],
+        "trust_remote_code": config["model"]["trust_remote_code"],
+        "hidden_dir": str(plan.hidden_dir),
+        "shard_names": plan.shard_names,
+        "vocab": str(vocab),
+        "train": dict(config["train"]),
+    }
+
+
+def _segment_record(staged: Path, segment: str) -> Path:
+    return staged / f"segment-{segment}.json"
+
+
+def _reuse_staged_segment(
+    staged: Path, segment: str, key: str, previous_sha: str | None, outputs: dict
+) -> bool:
+    """Link a segment an earlier run finished (and verified) into the declared outputs.
+
+    As for shards: a kill between the last write and Snakemake's bookkeeping makes a
+    finished segment look incomplete, and Snakemake deletes a job's outputs before
+    rerunning it, so segments are written under `.staged/` and hard-linked into place.
+    """
+    from draftsmith.hashing import sha256_file
+
+    record_path = _segment_record(staged, segment)
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        return False
+    if record.get("key") != key or record.get("previous_sha256") != previous_sha:
+        return False
+    for name, expected in record["files"].items():
+        path = staged / name
+        if (
+            not path.exists()
+            or path.stat().st_size != expected["size"]
+            or sha256_file(path) != expected["sha256"]
+        ):
+            return False
+    _link_segment(staged, outputs)
+    log.info("segment %s: reusing the verified checkpoint finished by an earlier run", segment)
+    return True
+
+
+def _link_segment(staged: Path, outputs: dict) -> None:
+    for declared in (outputs["checkpoint"], outputs["metrics"]):
+        Path(declared).unlink(missing_ok=True)
+        os.link(staged / Path(declared).name, declared)
+    atomic.fsync_dir(Path(outputs["checkpoint"]).parent)
+
+
+def train_segment(
+    config: dict, segment: int, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
+    """One checkpoint segment of draft training (rule `train_segment`)."""
+    from draftsmith import gpus
+    from draftsmith.draft import train
+    from draftsmith.hashing import sha256_file
+
+    plan = plan_for(config)
+    name = f"{segment:05d}"
+    previous = inputs.get("previous") or None
+    if isinstance(previous, list | tuple):
+        previous = previous[0] if previous else None
+    previous_sha = sha256_file(Path(previous)) if previous else None
+    out = Path(outputs["checkpoint"]).parent
+    staged = out / STAGED
+    if _reuse_staged_segment(staged, name, plan.draft_key, previous_sha, outputs):
+        return {"segment": segment, "reused": True}
+    staged.mkdir(parents=True, exist_ok=True)
+    _segment_record(staged, name).unlink(missing_ok=True)
+    model_info = read_model_info(Path(inputs["model"]).parent)
+    spec = draft_spec(config, plan, model_info, inputs["vocab"])
+    ckpt, metrics = staged / Path(outputs["checkpoint"]).name, staged / Path(outputs["metrics"]).name
+    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    with gpus.acquire_gpus(train_gpus(config)):
+        train.launch(
+            spec, segment, previous, ckpt, metrics, world_size=config["train"]["gpus"], threads=threads
+        )
+    files = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size} for p in (ckpt, metrics)}
+    atomic.write_json(
+        _segment_record(staged, name),
+        {"key": plan.draft_key, "segment": segment, "previous_sha256": previous_sha, "files": files},
+    )
+    _link_segment(staged, outputs)
+    return {"segment": segment, "reused": False}
+
+
+def _train_summary(
+    config: dict, state: dict, metrics_files: list[str], vocab_info: dict, layers: dict
+) -> dict:
+    from draftsmith.draft.model import STEP_DECAY
+
+    records = [r for path in metrics_files for r in atomic.read_jsonl(path)]
+    train_records = [r for r in records if r["kind"] == "train"]
+    val_records = [r for r in records if r["kind"] == "val"]
+    steps = config["train"]["ttt_steps"]
+    last_segment = [r for r in atomic.read_jsonl(metrics_files[-1]) if r["kind"] == "train"]
+    # Token-weighted over the last segment's steps: sum(loss x count) / sum(count) per position.
+    end_train = {"steps": [last_segment[0]["step"], last_segment[-1]["step"]]}
+    for field in ("loss_pos", "acc_pos"):
+        end_train[field] = [
+            sum(r[field][j] * r["count_pos"][j] for r in last_segment)
+            / max(sum(r["count_pos"][j] for r in last_segment), 1)
+            for j in range(steps)
+        ]
+    end_train["loss"] = sum(STEP_DECAY**j * x for j, x in enumerate(end_train["loss_pos"]))
+    totals = state["totals"]
+    return {
+        "steps": state["step"],
+        "epochs": round(train_records[-1]["epoch"], 3) if train_records else 0,
+        "ttt_steps": steps,
+        "tokens_seen": totals["tokens"],
+        "samples_seen": totals["samples"],
+        "wall_s": round(totals["wall_s"], 3),
+        "tok_s": totals["tokens"] / totals["wall_s"] if totals["wall_s"] else None,
+        "end": {"train": end_train, "val": val_records[-1] if val_records else None},
+        "val_curve": [{"step": r["step"], "loss": r["loss"], "acc_pos": r["acc_pos"]} for r in val_records],
+        "draft_vocab": vocab_info,
+        "aux_layers": layers,
+    }
+
+
+def finish_draft(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """Rule `draft`: the trained weights (SGLang names, no embedding), config and summary."""
+    import torch
+    from safetensors.torch import save as save_tensors
+
+    started = time.time()
+    plan = plan_for(config)
+    state = torch.load(inputs["checkpoint"], map_location="cpu", weights_only=True)
+    if state["key"] != plan.draft_key or state["step"] != config["train"]["total_steps"]:
+        raise cfg.ConfigError(
+            f"{inputs['checkpoint']}: draft {state['key']} at step {state['step']}, expected "
+            f"{plan.draft_key} at step {config['train']['total_steps']}"
+        )
+    tensors = {name: t.contiguous() for name, t in state["model"].items()}
+    with atomic.atomic_open(outputs["weights"], "wb") as handle:
+        handle.write(save_tensors(tensors, metadata={"format": "pt"}))  # one entry: deterministic bytes
+    atomic.write_json(outputs["config"], state["draft_config"])
+    layers = json.loads(Path(inputs["shard"]).read_text())["meta"]["layers"]
+    summary = _train_summary(
+        config, state, list(inputs["metrics"]), json.loads(Path(inputs["vocab_info"]).read_text()), layers
+    )
+    atomic.write_json(outputs["summary"], summary)
+    manifest.write(
+        outputs["manifest"],
+        stage="draft",
+        key=plan.draft_key,
+        files=[Path(outputs["weights"]), Path(outputs["config"]), Path(outputs["summary"])],
+        params=plan.train_params(),
+        upstream={"model": plan.model_key, "hidden": plan.hidden_key, "draft_vocab": plan.draft_vocab_key},
+        stats={k: summary[k] for k in ("steps", "tokens_seen", "samples_seen", "wall_s")}
+        | {"end": summary["end"]},
+        started=started,
+    )
+    log.info("draft %s: %s", plan.draft_key, json.dumps(summary["end"]))
+    return summary

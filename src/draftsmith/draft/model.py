@@ -97,18 +97,25 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor):
-        b, t, _ = x.shape
+    def project(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None = None):
+        """q, k, v as (B, heads, T, d), rotary applied. `x` is (B, T, 2H); or, with `rows`
+        ((B, T) bool), (N, 2H) for just those positions, the others left zero."""
         c = self.c
-        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if rows is None:
+            b, t, _ = x.shape
+            parts = [proj(x) for proj in projections]
+        else:
+            b, t = rows.shape
+            parts = [_scatter(proj(x), rows) for proj in projections]
+        q, k, v = (part.view(b, t, -1, c.head_dim).transpose(1, 2) for part in parts)
         cos, sin = rotary(positions, c.head_dim, c.rope_theta)
         cos, sin = cos[:, None], sin[:, None]
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def attend(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
-        """q attends causally to step 0 (keys[0]) and to its own position in later steps."""
+    def heads(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
+        """q attends causally to step 0 (keys[0]) and to its own position in later steps;
+        returns the heads' outputs (B, T, heads * d), before o_proj."""
         groups = self.c.num_attention_heads // self.c.num_key_value_heads
         keys = [k.repeat_interleave(groups, dim=1) for k in keys]
         values = [v.repeat_interleave(groups, dim=1) for v in values]
@@ -121,7 +128,18 @@ class Attention(nn.Module):
         for i, v in enumerate(values[1:]):
             out = out + weights[..., t + i : t + i + 1] * v
         b, h, n, d = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, h * d))
+        return out.transpose(1, 2).reshape(b, n, h * d)
+
+    def attend(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
+        """q attends causally to step 0 (keys[0]) and to its own position in later steps."""
+        return self.o_proj(self.heads(q, keys, values, causal))
+
+
+def _scatter(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(N, D) values at the True positions of `rows` (B, T), zeros elsewhere: (B, T, D)."""
+    out = values.new_zeros(*rows.shape, values.shape[-1])
+    out[rows] = values
+    return out
 
 
 class MLP(nn.Module):
@@ -161,15 +179,34 @@ class Eagle3Draft(nn.Module):
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
 
-    def step(self, embeds, hidden, positions, cache: tuple[list, list], causal):
-        """One draft step; appends this step's keys/values to `cache`; returns the new hidden."""
+    def step(
+        self, embeds, hidden, positions, cache: tuple[list, list], causal, rows: torch.Tensor | None = None
+    ):
+        """One draft step; appends this step's keys/values to `cache`; returns the new hidden.
+
+        `rows` ((B, T) bool) limits the work to those positions: the others keep `hidden`
+        and get zero keys and values. Only for a TTT step after the first, where a
+        position's keys are read by that position alone and positions that are never
+        scored again need no new state.
+        """
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
-        q, k, v = layer.self_attn.project(x, positions)
+        attn = layer.self_attn
+        if rows is None:
+            x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+            q, k, v = attn.project(x, positions)
+            cache[0].append(k)
+            cache[1].append(v)
+            h = hidden + attn.attend(q, cache[0], cache[1], causal)
+            return h + layer.mlp(layer.post_attention_layernorm(h))
+        x = torch.cat([layer.input_layernorm(embeds[rows]), layer.hidden_norm(hidden[rows])], dim=-1)
+        q, k, v = attn.project(x, positions, rows)
         cache[0].append(k)
         cache[1].append(v)
-        h = hidden + layer.self_attn.attend(q, cache[0], cache[1], causal)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        h = hidden[rows] + attn.o_proj(attn.heads(q, cache[0], cache[1], causal)[rows])
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out = hidden.clone()
+        out[rows] = h
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
@@ -189,17 +226,92 @@ def shift(x: torch.Tensor, by: int) -> torch.Tensor:
     return torch.cat([x[:, by:], pad], dim=1)
 
 
-def argmax_in_draft_vocab(
-    final: torch.Tensor, full_head: torch.Tensor, draft_logits: torch.Tensor, chunk: int = 4096
+def target_in_vocab(
+    draft: Eagle3Draft, full_head: torch.Tensor, final: torch.Tensor, chunk: int = 2048
 ) -> torch.Tensor:
-    """Whether the target's argmax over its whole vocabulary lies in the draft vocabulary.
+    """Per position: is the target's argmax (over its whole vocabulary) in the draft vocabulary?
 
-    True exactly when the best draft-vocabulary logit is the best logit overall; the
-    full-vocabulary logits are computed in chunks of tokens to bound memory.
+    Looked up in `t2d` at the full-vocabulary argmax (computed in chunks of positions
+    to bound memory), so the answer never hinges on two different products agreeing
+    to the last bit.
     """
-    flat = final.reshape(-1, final.shape[-1])
-    best = torch.cat([(part.to(full_head.dtype) @ full_head.T).max(-1).values for part in flat.split(chunk)])
-    return draft_logits.reshape(-1, draft_logits.shape[-1]).max(-1).values.ge(best).reshape(final.shape[:-1])
+    with torch.no_grad():
+        flat = final.reshape(-1, final.shape[-1])
+        best = torch.cat([(part.to(full_head.dtype) @ full_head.T).argmax(-1) for part in flat.split(chunk)])
+        return draft.t2d[best].reshape(final.shape[:-1])
+
+
+def _draft_vocab_logits(draft: Eagle3Draft, full_head: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    draft_ids = draft.d2t + torch.arange(draft.d2t.numel(), device=draft.d2t.device)
+    return (final.to(full_head.dtype) @ full_head[draft_ids].T).float()
+
+
+def valid_positions(
+    loss_mask: torch.Tensor, attention_mask: torch.Tensor, in_vocab: torch.Tensor, step: int
+) -> torch.Tensor:
+    """Positions TTT step `step` is scored on: the token it predicts (t+step+2) is real and
+    supervised, and the target's argmax there lies in the draft vocabulary."""
+    return (shift(loss_mask, step + 2) * shift(attention_mask, step + 2) * shift(in_vocab, step + 1)).bool()
+
+
+def ttt_sums(
+    draft: Eagle3Draft,
+    full_head: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    aux: torch.Tensor,
+    final: torch.Tensor,
+    steps: int,
+    in_vocab: torch.Tensor | None = None,
+    sparse: bool = True,
+) -> list[dict]:
+    """Per unrolled step: summed (not averaged) loss over valid positions, with its graph,
+    plus correct and count.
+
+    Callers that normalise over more than one batch (gradient accumulation, data
+    parallel) divide each step's sum by its count over the whole global batch;
+    `ttt_loss` divides by this batch's own count. `in_vocab` may be passed when
+    already computed (`target_in_vocab`), saving the full-vocabulary product. The
+    draft's head and the loss are evaluated at valid positions only, and steps after
+    the first at positions still to be scored (`sparse`; False computes every position,
+    the reference the tests compare with).
+    """
+    b, t = input_ids.shape
+    with torch.no_grad():
+        if in_vocab is None:
+            in_vocab = target_in_vocab(draft, full_head, final)
+        # The target's distribution is read at position p only when token p+1 is scored.
+        needed = in_vocab & shift(loss_mask, 1).bool() & shift(attention_mask, 1).bool()
+        row_of = torch.full((b, t), -1, dtype=torch.long, device=input_ids.device)
+        row_of[needed] = torch.arange(int(needed.sum()), device=input_ids.device)
+        target_probs = torch.softmax(_draft_vocab_logits(draft, full_head, final[needed]), dim=-1)
+    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+    causal = causal_bias(t, attention_mask, aux.dtype)
+    valids = [valid_positions(loss_mask, attention_mask, in_vocab, j) for j in range(steps)]
+    # Step j (j >= 1) needs only positions scored at step j or later; step 0 computes every
+    # position, since every position's step-0 keys are attended to.
+    rows: list[torch.Tensor | None] = [None] * steps
+    if sparse:
+        later = torch.zeros_like(valids[0])
+        for j in range(steps - 1, 0, -1):
+            later = later | valids[j]
+            rows[j] = later
+    hidden = draft.fc(aux)
+    cache: tuple[list, list] = ([], [])
+    stats = []
+    for j in range(steps):
+        tokens = shift(input_ids, j + 1)  # token t+j+1 at position t
+        embeds = draft.embed_tokens(tokens).to(hidden.dtype)
+        hidden = draft.step(embeds, hidden, positions + j, cache, causal, rows[j])
+        valid = valids[j]
+        # The head and the loss only where they count (the hidden state feeds the next step everywhere).
+        logits = draft.logits(hidden[valid]).float()
+        probs = target_probs[shift(row_of, j + 1)[valid]]  # the target's distribution at t+j+1
+        per_token = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+        correct = (logits.argmax(-1) == probs.argmax(-1)).sum()
+        stats.append({"loss_sum": per_token.sum(), "correct": correct.detach(), "count": valid.sum()})
+    return stats
 
 
 def ttt_loss(
@@ -219,28 +331,11 @@ def ttt_loss(
     counts when its predicted token is supervised and the target's own argmax is in
     the draft vocabulary (the draft cannot be right otherwise).
     """
-    b, t = input_ids.shape
-    with torch.no_grad():
-        draft_ids = draft.d2t + torch.arange(draft.d2t.numel(), device=draft.d2t.device)
-        target_logits = (final.to(full_head.dtype) @ full_head[draft_ids].T).float()
-        in_vocab = argmax_in_draft_vocab(final, full_head, target_logits)
-        target_probs = torch.softmax(target_logits, dim=-1)
-    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
-    causal = causal_bias(t, attention_mask, aux.dtype)
-    hidden = draft.fc(aux)
-    cache: tuple[list, list] = ([], [])
-    total = hidden.new_zeros((), dtype=torch.float32)
+    sums = ttt_sums(draft, full_head, input_ids, loss_mask, attention_mask, aux, final, steps)
+    total = sums[0]["loss_sum"].new_zeros((), dtype=torch.float32)
     stats = []
-    for j in range(steps):
-        tokens = shift(input_ids, j + 1)  # token t+j+1 at position t
-        hidden = draft.step(draft.embed_tokens(tokens).to(hidden.dtype), hidden, positions + j, cache, causal)
-        logits = draft.logits(hidden).float()
-        valid = (shift(loss_mask, j + 2) * shift(attention_mask, j + 2) * shift(in_vocab, j + 1)).bool()
-        probs = shift(target_probs, j + 1)  # the target's distribution at t+j+1
-        per_token = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
-        count = valid.sum()
-        loss = (per_token * valid).sum() / count.clamp(min=1)
+    for j, step in enumerate(sums):
+        loss = step["loss_sum"] / step["count"].clamp(min=1)
         total = total + (STEP_DECAY**j) * loss
-        correct = ((logits.argmax(-1) == probs.argmax(-1)) & valid).sum()
-        stats.append({"loss": loss.detach(), "correct": correct.detach(), "count": count.detach()})
+        stats.append({"loss": loss.detach(), "correct": step["correct"], "count": step["count"].detach()})
     return total, stats

@@ -3,10 +3,13 @@
 The target is loaded once per job. Forward hooks keep just the three aux layers'
 outputs (never every layer's states of a deep model); the final hidden state is
 the base model's output after its final norm. Batches are length-sorted and
-bounded by a padded-token budget. On GPU the forward of batch n+1 overlaps the
-device-to-host copy of batch n (pinned memory, an event per batch) and a
-background thread writes (and compresses) while the GPU works; the queue between
-them is bounded so host memory stays bounded.
+bounded by a padded-token budget. On GPU each batch is put in storage form on
+the device (`ShardWriter.encode`: NaN/Inf counts, byte planes for zstd, fp8
+values, scales and error sums), so the host only compresses and writes; the
+device-to-host copy of batch n runs on a side stream into pinned memory (an
+event per batch) while batch n+1's forward runs, and a background thread
+writes (and compresses) while the GPU works; the queue between them is bounded
+so host memory stays bounded.
 """
 
 from __future__ import annotations
@@ -97,6 +100,27 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     return host
 
 
+class _CopyStream:
+    """Device-to-host copies on their own stream, after the work queued so far on the current one."""
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(device=self.device)
+
+    def __call__(self, encoded):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            host = encoded.apply(self._copy)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return host, ready
+
+    def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        # The compute stream frees these once the loop moves on; keep them until the copy is done.
+        tensor.record_stream(self.stream)
+        return _to_host(tensor)
+
+
 class _Writer(threading.Thread):
     """Drains finished batches into the shard writer; errors surface in the main thread."""
 
@@ -115,7 +139,8 @@ class _Writer(threading.Thread):
                 except BaseException as exc:  # reported by put()/finish()
                     self.error = exc
 
-    def _write(self, batch, ids, aux, final, ready) -> None:
+    def _write(self, batch, ids, hidden, ready) -> None:
+        """`hidden` is (aux, final) host tensors, or an encoded batch on the host."""
         if ready is not None:
             ready.synchronize()
         for row, sample in enumerate(batch):
@@ -125,7 +150,13 @@ class _Writer(threading.Thread):
                 raise ExtractionError(
                     f"{sample.id}: stored token ids differ from the merged data (batch row {row})"
                 )
-            self.shard_writer.add(sample.id, stored, sample.loss_mask, aux[row, :length], final[row, :length])
+            if isinstance(hidden, tuple):
+                aux, final = hidden
+                self.shard_writer.add(
+                    sample.id, stored, sample.loss_mask, aux[row, :length], final[row, :length]
+                )
+            else:
+                self.shard_writer.add_encoded(sample.id, stored, sample.loss_mask, hidden, row)
         self.on_written(sum(len(s.input_ids) for s in batch))
 
     def put(self, item) -> None:
@@ -151,17 +182,25 @@ def extract(
     writer_queue: int,
     on_written: Callable[[int], None],
 ) -> None:
+    """Run the target over `samples` in batches and store every sample in `shard_writer`.
+
+    On CUDA the batch is encoded on the device (`shard_writer.encode`) and only
+    storage-ready bytes cross to the host; elsewhere the writer thread hands
+    plain tensors to `shard_writer.add`.
+    """
+    copy = _CopyStream(device) if device.startswith("cuda") else None
     writer = _Writer(shard_writer, writer_queue, on_written)
     writer.start()
     try:
         for batch in batches(samples, batch_tokens):
             ids, mask = _pad(batch, pad_id)
             aux, final = capture(ids.to(device, non_blocking=True), mask.to(device, non_blocking=True))
-            ready = None
-            host = (_to_host(aux), _to_host(final))
-            if device.startswith("cuda"):
-                ready = torch.cuda.Event()
-                ready.record()
-            writer.put((batch, ids, *host, ready))
+            if copy is None:
+                writer.put((batch, ids, (aux, final), None))
+                continue
+            with torch.inference_mode():
+                encoded = shard_writer.encode(aux, final, [len(s.input_ids) for s in batch])
+            del aux, final  # the encoded batch holds what it needs
+            writer.put((batch, ids, *copy(encoded)))
     finally:
         writer.finish()

@@ -1,0 +1,171 @@
+"""Draft-training throughput and exact resume on synthetic data of a real target's shapes.
+
+Writes a target directory holding only what training reads (config.json and the
+embedding / final norm / lm_head tensors, random), random hidden-state shards and a
+draft vocabulary, then times `Trainer.train_step` and checks that two segments equal
+one run. Prints a table.
+
+    python bench/train_throughput.py --shape llama-8b --device cuda --dtype bfloat16
+    python bench/train_throughput.py --shape demo --device cpu       # SmolLM2-135M shapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from draftsmith.draft import train
+from draftsmith.draft.vocab import build
+from draftsmith.shards import ShardWriter
+
+SHAPES = {
+    # hidden, intermediate, heads, kv heads, vocab, rope theta
+    "demo": (576, 1536, 9, 3, 49152, 100000.0),
+    "llama-8b": (4096, 14336, 32, 8, 128256, 500000.0),
+}
+
+
+def make_target(root: Path, shape: str) -> None:
+    hidden, inter, heads, kv, vocab, theta = SHAPES[shape]
+    root.mkdir(parents=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "num_hidden_layers": 32,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": theta,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g, dtype=torch.bfloat16) * 0.02,
+        "lm_head.weight": torch.randn(vocab, hidden, generator=g, dtype=torch.bfloat16) * 0.02,
+        "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+    }
+    save_file(tensors, str(root / "model.safetensors"))
+
+
+def make_shards(root: Path, shape: str, samples: int, length: int, shards: int, dtype: str) -> list[str]:
+    hidden, _, _, _, vocab, _ = SHAPES[shape]
+    torch_dtype = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(1)
+    names = [f"shard-{i:05d}" for i in range(shards)]
+    for s, name in enumerate(names):
+        with ShardWriter(root, name, mode="raw", hidden_size=hidden, dtype=dtype, meta={}) as writer:
+            for i in range(s, samples, shards):
+                n = length - (i * 37) % (length // 4)  # varied lengths
+                ids = torch.randint(0, 2000, (n,), generator=g)
+                mask = (torch.arange(n) > n // 3).to(torch.uint8)
+                aux = torch.randn(n, 3 * hidden, generator=g).to(torch_dtype)
+                final = torch.randn(n, hidden, generator=g).to(torch_dtype)
+                writer.add(f"s-{i:06d}", ids.tolist(), mask.tolist(), aux, final)
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="autocast dtype (bfloat16) or none")
+    parser.add_argument("--samples", type=int, default=48)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--draft-vocab", type=int, default=32000)
+    parser.add_argument("--ttt", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.dir or Path(tempfile.mkdtemp(prefix="train-bench-"))
+    started = time.perf_counter()
+    make_target(work / "target", args.shape)
+    shard_dtype = "bfloat16" if args.dtype else "float32"
+    names = make_shards(work / "hidden", args.shape, args.samples, args.length, 2, shard_dtype)
+    vocab_size = SHAPES[args.shape][4]
+    from collections import Counter
+
+    save_file(build(Counter(range(2000)), args.draft_vocab, vocab_size), str(work / "vocab.safetensors"))
+    prepared = time.perf_counter() - started
+    half = args.steps // 2
+    settings = {
+        "draft_vocab_size": args.draft_vocab,
+        "ttt_steps": args.ttt,
+        "max_position_embeddings": 8192,
+        "lr": 1e-4,
+        "betas": [0.9, 0.95],
+        "weight_decay": 0.0,
+        "warmup_steps": 2,
+        "total_steps": args.steps,
+        "grad_clip": 0.5,
+        "grad_accum": 1,
+        "batch_tokens": args.batch_tokens,
+        "checkpoint_every": half,
+        "val_fraction": 0.05,
+        "seed": 0,
+        "device": args.device,
+        "dtype": args.dtype,
+        "gpus": 1,
+    }
+    spec = {
+        "key": "bench",
+        "hf_dir": str(work / "target"),
+        "hidden_dir": str(work / "hidden"),
+        "shard_names": names,
+        "vocab": str(work / "vocab.safetensors"),
+        "train": settings,
+    }
+    cuda = args.device == "cuda"
+    trainer = train.Trainer(spec)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times, tokens, straight = [], [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        record = trainer.train_step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        tokens.append(record["tokens"])
+        straight.append(record["loss"])
+    warm = slice(2, None)  # first steps include allocator growth and (GPU) kernel selection
+    rate = sum(tokens[warm]) / sum(times[warm])
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    del trainer
+    # Exact resume: segment 0, checkpoint, fresh objects, segment 1.
+    first = train.run_segment(spec, 0, None, work / "c0.pt", work / "m0.jsonl")
+    second = train.run_segment(spec, 1, work / "c0.pt", work / "c1.pt", work / "m1.jsonl")
+    resumed = [r["loss"] for r in first["records"] + second["records"] if r["kind"] == "train"]
+    worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(resumed, straight, strict=True))
+    rows = [
+        ("shape", args.shape),
+        ("device / autocast", f"{args.device} / {args.dtype}"),
+        ("draft vocab / TTT steps", f"{args.draft_vocab} / {args.ttt}"),
+        ("batch tokens (padded budget)", args.batch_tokens),
+        ("real tokens per step (mean)", f"{sum(tokens) / len(tokens):.0f}"),
+        ("step time (s, after 2 warm-up)", f"{sum(times[warm]) / len(times[warm]):.3f}"),
+        ("throughput (tok/s)", f"{rate:,.0f}"),
+        ("peak GPU memory (GiB)", f"{peak:.1f}"),
+        ("first / last loss", f"{straight[0]:.4f} / {straight[-1]:.4f}"),
+        ("resume: worst relative loss diff", f"{worst:.2e}" + (" (bitwise)" if worst == 0 else "")),
+        ("data preparation (s)", f"{prepared:.1f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print(f"| {'what'.ljust(width)} | value |\n|{'-' * (width + 2)}|-------|")
+    for key, value in rows:
+        print(f"| {key.ljust(width)} | {value} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""Draft training on real demo-model hidden states: exact resume, data parallel, the vocabulary."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsmith import config as cfg
+from draftsmith import stages, target
+from draftsmith.draft import train
+from draftsmith.draft.data import TrainData, held_out_ids, id_fraction
+from draftsmith.draft.vocab import build, count_supervised
+from draftsmith.layers import AuxLayers
+from draftsmith.shards import ShardWriter
+
+TEXTS = [
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Name a primary colour.", "Red is a primary colour."),
+    ("What is 2 + 2?", "2 + 2 equals 4."),
+    ("Say hello in Spanish.", "Hola! That is hello in Spanish."),
+    ("Which planet is largest?", "Jupiter is the largest planet in the solar system."),
+    ("Write a Python comment.", "# This is a comment in Python."),
+    ("What does ls do?", "The ls command lists the files in a directory."),
+    ("Count to five.", "One, two, three, four, five."),
+    ("Name a fruit.", "An apple is a fruit."),
+    ("What is water made of?", "Water is made of hydrogen and oxygen."),
+    ("Who wrote Hamlet?", "William Shakespeare wrote Hamlet."),
+    ("What colour is the sky?", "On a clear day the sky is blue."),
+    ("Give me a word for happy.", "Joyful is another word for happy."),
+    ("How many legs does a cat have?", "A cat has four legs."),
+    ("What is the opposite of cold?", "The opposite of cold is hot."),
+    ("Spell the word cat.", "C, A, T spells cat."),
+]
+NUM_SHARDS = 2
+
+
+@pytest.fixture(scope="module")
+def hidden(tmp_path_factory, demo_model_dir) -> tuple[Path, list[str], list[dict]]:
+    """Two shards of real demo-model states (3 aux layers + final) for the texts above."""
+    model = target.load_model(demo_model_dir, "float32")
+    tokenizer = target.load_tokenizer(demo_model_dir)
+    aux = AuxLayers.default(model.config.num_hidden_layers)
+    out = tmp_path_factory.mktemp("hidden")
+    names = [f"shard-{i:05d}" for i in range(NUM_SHARDS)]
+    samples = []
+    for i, (prompt, reply) in enumerate(TEXTS):
+        prompt_ids = tokenizer(prompt + "\n")["input_ids"]
+        reply_ids = tokenizer(reply)["input_ids"] + [2]
+        samples.append(
+            {
+                "id": f"demo-{i:06d}",
+                "input_ids": prompt_ids + reply_ids,
+                "loss_mask": [0] * len(prompt_ids) + [1] * len(reply_ids),
+            }
+        )
+    for s, name in enumerate(names):
+        with ShardWriter(out, name, mode="raw", hidden_size=576, dtype="float32", meta={}) as writer:
+            for sample in samples[s::NUM_SHARDS]:
+                with torch.no_grad():
+                    states = model(
+                        torch.tensor([sample["input_ids"]]), output_hidden_states=True
+                    ).hidden_states
+                aux_states = torch.cat([states[k][0] for k in aux.hf_hidden_states], dim=-1)
+                writer.add(sample["id"], sample["input_ids"], sample["loss_mask"], aux_states, states[-1][0])
+    return out, names, samples
+
+
+def train_settings(**overrides) -> dict:
+    settings = cfg.validate(
+        {
+            "experiment": "t",
+            "model": {"source": {"kind": "hf_dir", "path": "unused"}},
+            "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
+            "tokenize": {"max_length": 64},
+            "train": {
+                "draft_vocab_size": 512,
+                "ttt_steps": 3,
+                "lr": 1.0e-3,
+                "warmup_steps": 2,
+                "total_steps": 6,
+                "checkpoint_every": 3,
+                "batch_tokens": 96,
+                "grad_accum": 2,
+                "val_fraction": 0.15,
+                **overrides,
+            },
+        }
+    )["train"]
+    return settings
+
+
+@pytest.fixture
+def spec(hidden, demo_model_dir, tmp_path) -> dict:
+    directory, names, samples = hidden
+    settings = train_settings()
+    held = held_out_ids([s["id"] for s in samples], settings["val_fraction"])
+    counts = count_supervised(s for s in samples if s["id"] not in held)
+    vocab_path = tmp_path / "vocab.safetensors"
+    from safetensors.torch import save_file
+
+    save_file(build(counts, settings["draft_vocab_size"], 49152), str(vocab_path))
+    return {
+        "key": "0123456789abcdef",
+        "hf_dir": str(demo_model_dir),
+        "hidden_dir": str(directory),
+        "shard_names": names,
+        "vocab": str(vocab_path),
+        "train": settings,
+    }
+
+
+def losses(records: list[dict]) -> list[tuple]:
+    return [(r["kind"], r["step"], r["loss"], tuple(r["loss_pos"]), tuple(r["acc_pos"])) for r in records]
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_split_and_epoch_plan_are_deterministic(hidden, spec):
+    directory, names, samples = hidden
+    data = TrainData(directory, names, val_fraction=0.15, seed=0, batch_tokens=96)
+    ids = {s["id"] for s in samples}
+    held = held_out_ids(ids, 0.15)
+    assert held and held == {i for i in ids if id_fraction(i) < 0.15}
+    assert len(data.val_items) == len(held) and len(data.train_items) == len(ids) - len(held)
+    plan = data.epoch_batches(0)
+    seen = [item for batch in plan for item in batch]
+    assert sorted(seen) == sorted(data.train_items)  # every training sample once per epoch
+    assert all(max(data.lengths[i] for i in b) * len(b) <= 96 for b in plan)
+    other = TrainData(directory, names, val_fraction=0.15, seed=0, batch_tokens=96)
+    assert other.epoch_batches(0) == plan and other.epoch_batches(1) != plan
+    assert TrainData(directory, names, val_fraction=0.15, seed=1, batch_tokens=96).epoch_batches(0) != plan
+
+
+def test_two_segments_equal_one_run_bitwise(spec, tmp_path):
+    """Stop after segment 0, rebuild everything from the checkpoint, continue: the same steps."""
+    whole = train.Trainer(spec)
+    straight = whole.train_until(6)
+    assert [r["step"] for r in straight] == list(range(1, 7))
+
+    torch.manual_seed(12345)  # whatever the process did in between must not matter
+    first = train.run_segment(spec, 0, None, tmp_path / "ckpt-00000.pt", tmp_path / "metrics-00000.jsonl")
+    second = train.run_segment(
+        spec, 1, tmp_path / "ckpt-00000.pt", tmp_path / "ckpt-00001.pt", tmp_path / "metrics-00001.jsonl"
+    )
+    resumed = [r for r in first["records"] + second["records"] if r["kind"] == "train"]
+    assert losses(resumed) == losses(straight)  # bitwise: Python floats compared with ==
+    assert [r["lr"] for r in resumed] == [r["lr"] for r in straight]
+    assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight]
+    # The metrics files hold the same numbers (JSON round-trips floats exactly), plus validation.
+    on_disk = read_records(tmp_path / "metrics-00000.jsonl") + read_records(tmp_path / "metrics-00001.jsonl")
+    assert losses([r for r in on_disk if r["kind"] == "train"]) == losses(straight)
+    assert [r["kind"] for r in on_disk].count("val") == 2
+    state = torch.load(tmp_path / "ckpt-00001.pt", map_location="cpu", weights_only=True)
+    expected = {k: v for k, v in whole.draft.state_dict().items() if k != "embed_tokens.weight"}
+    assert state["model"].keys() == expected.keys()
+    assert all(torch.equal(state["model"][k], expected[k]) for k in expected)
+    assert state["step"] == 6 and state["data"]["epoch"] == whole.position.epoch
+    assert state["data"]["offset"] == whole.position.offset
+    for part in ("python", "numpy", "torch", "cuda"):
+        assert part in state["rng"]
+
+
+def test_checkpoint_restores_every_part_of_the_state(spec, tmp_path):
+    trainer = train.Trainer(spec)
+    trainer.train_until(3)
+    trainer.save(tmp_path / "ckpt.pt", 0)
+    torch.manual_seed(99)
+    restored = train.Trainer(spec)
+    restored.load(tmp_path / "ckpt.pt")
+    assert restored.step == 3 and restored.position == trainer.position
+    assert restored.scheduler.state_dict() == trainer.scheduler.state_dict()
+    assert restored.optimizer.param_groups[0]["lr"] == trainer.optimizer.param_groups[0]["lr"]
+    assert torch.equal(torch.get_rng_state(), trainer.state_dict(0)["rng"]["torch"])
+    with pytest.raises(train.TrainError, match="checkpoint of draft"):
+        train.Trainer({**spec, "key": "fedcba9876543210"}).load(tmp_path / "ckpt.pt")
+
+
+def test_segment_bounds_refuse_steps_outside_the_run(spec):
+    settings = train_settings(total_steps=7, checkpoint_every=3)
+    assert train.num_segments(settings) == 3
+    assert [train.segment_bounds(settings, n) for n in range(3)] == [(0, 3), (3, 6), (6, 7)]
+    with pytest.raises(train.TrainError, match="outside the run"):
+        train.segment_bounds(settings, 3)
+    with pytest.raises(train.TrainError, match="needs the checkpoint"):
+        train.run_segment(spec, 1, None, "x.pt", "x.jsonl")
+
+
+def test_data_parallel_gloo_equals_one_process(spec, tmp_path):
+    """2 torchrun processes (gloo), each half of every global batch == 1 process."""
+    one = train.run_segment(spec, 0, None, tmp_path / "one.pt", tmp_path / "one.jsonl")
+    two_spec = copy.deepcopy(spec)
+    two_spec["train"]["gpus"] = 2
+    train.launch(two_spec, 0, None, tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2, threads=2)
+    assert not list(tmp_path.glob(".tmp-*"))  # the job file is gone
+    single, parallel = one["records"], read_records(tmp_path / "two.jsonl")
+    assert [(r["kind"], r["step"], r["count_pos"], r["tokens"]) for r in parallel] == [
+        (r["kind"], r["step"], r["count_pos"], r["tokens"]) for r in single
+    ]
+    for a, b in zip(single, parallel, strict=True):
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5)
+        for x, y in zip(a["loss_pos"], b["loss_pos"], strict=True):
+            assert math.isclose(x, y, rel_tol=1e-5)
+    weights_one = torch.load(tmp_path / "one.pt", weights_only=True)["model"]
+    weights_two = torch.load(tmp_path / "two.pt", weights_only=True)["model"]
+    for name, tensor in weights_one.items():
+        torch.testing.assert_close(weights_two[name], tensor, rtol=1e-4, atol=1e-4)
+
+
+def test_lr_warms_up_then_decays_to_zero():
+    schedule = train.WarmupCosine(warmup=4, total=20)
+    values = [schedule(s) for s in range(20)]
+    assert values[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(a >= b for a, b in zip(values[3:], values[4:], strict=False))
+    assert schedule(20) == 0.0
+
+
+# --- the draft_vocab stage -------------------------------------------------------------
+def vocab_config(tmp_path: Path, demo_model_dir: Path, **train_overrides) -> dict:
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"prompt": "x"}\n')
+    return cfg.validate(
+        {
+            "experiment": "v",
+            "artifacts_dir": str(tmp_path / "artifacts"),
+            "model": {"source": {"kind": "hf_dir", "path": str(demo_model_dir)}},
+            "datasets": {"a": {"path": str(data), "format": "prompt"}},
+            "train": {"val_fraction": 0.3, **train_overrides},
+        }
+    )
+
+
+def run_vocab_stage(tmp_path: Path, config: dict, samples: list[dict]) -> tuple[dict, dict]:
+    merged = tmp_path / "train.jsonl"
+    merged.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "model.json").write_text(json.dumps({"vocab_size": 49152}))
+    out = tmp_path / "vocab"
+    outputs = {
+        "vocab": out / "vocab.safetensors",
+        "info": out / "vocab.json",
+        "manifest": out / "manifest.json",
+    }
+    info = stages.build_draft_vocab(
+        config,
+        inputs={"model": str(tmp_path / "model" / "model.json"), "merged": str(merged)},
+        outputs=outputs,
+    )
+    assert json.loads(outputs["info"].read_text()) == info
+    assert json.loads(outputs["manifest"].read_text())["stage"] == "draft_vocab"
+    return info, load_file(str(outputs["vocab"]))
+
+
+def split_ids(count: int, fraction: float) -> tuple[list[str], list[str]]:
+    ids = [f"s-{i:06d}" for i in range(count)]
+    held = held_out_ids(ids, fraction)
+    return [i for i in ids if i not in held], [i for i in ids if i in held]
+
+
+def test_vocab_counts_supervised_training_tokens_only(tmp_path, demo_model_dir):
+    train_ids, held = split_ids(12, 0.3)
+    assert held and train_ids
+    samples = []
+    for n, sample_id in enumerate(train_ids):
+        # 5000 appears often but never supervised; 10 + n supervised n + 1 times.
+        samples.append(
+            {
+                "id": sample_id,
+                "input_ids": [5000] * 9 + [10 + n] * (n + 1),
+                "loss_mask": [0] * 9 + [1] * (n + 1),
+            }
+        )
+    for sample_id in held:
+        samples.append(
+            {"id": sample_id, "input_ids": [777] * 50, "loss_mask": [1] * 50}
+        )  # held out: never counted
+    size = 4
+    info, vocab = run_vocab_stage(
+        tmp_path, vocab_config(tmp_path, demo_model_dir, draft_vocab_size=size), samples
+    )
+    chosen = (vocab["d2t"] + torch.arange(size)).tolist()
+    most_frequent = sorted(10 + n for n in range(len(train_ids) - size, len(train_ids)))
+    assert chosen == most_frequent  # the top ids by supervised count, sorted
+    assert vocab["d2t"].dtype == torch.int64 and vocab["t2d"].dtype == torch.bool
+    assert vocab["t2d"].sum() == size and vocab["t2d"][chosen].all()
+    total = sum(range(1, len(train_ids) + 1))
+    assert info["supervised_tokens"] == total and info["distinct_tokens"] == len(train_ids)
+    assert info["coverage"] == pytest.approx(
+        sum(range(len(train_ids) - size + 1, len(train_ids) + 1)) / total
+    )
+    assert info["held_out_samples"] == len(held) and info["train_samples"] == len(train_ids)
+    assert info["padded"] == 0
+
+
+def test_vocab_pads_with_unused_ids_when_the_data_is_small(tmp_path, demo_model_dir):
+    train_ids, held = split_ids(6, 0.3)
+    samples = [{"id": i, "input_ids": [3, 7, 7, 9], "loss_mask": [1, 1, 1, 1]} for i in train_ids]
+    samples += [{"id": i, "input_ids": [4], "loss_mask": [1]} for i in held]
+    info, vocab = run_vocab_stage(
+        tmp_path, vocab_config(tmp_path, demo_model_dir, draft_vocab_size=6), samples
+    )
+    chosen = (vocab["d2t"] + torch.arange(6)).tolist()
+    # 3, 7, 9 from the data, padded with the smallest ids not chosen (4 is only held out).
+    assert chosen == [0, 1, 2, 3, 7, 9]
+    assert info["distinct_tokens"] == 3 and info["padded"] == 3 and info["coverage"] == 1.0
+    assert vocab["t2d"].nonzero().flatten().tolist() == chosen  # d2t and t2d describe the same ids
+
+
+def test_sparse_steps_equal_computing_every_position(spec):
+    """Steps after the first skip positions never scored again: same losses and gradients."""
+    from draftsmith.draft.model import ttt_sums
+
+    trainer = train.Trainer(spec)
+    items = trainer.data.epoch_batches(0)[0]
+    batch = trainer.data.collate(items, torch.float32)
+    in_vocab = trainer.in_vocab(items, batch)
+    results = {}
+    for sparse in (False, True):
+        trainer.draft.zero_grad()
+        sums = ttt_sums(
+            trainer.draft,
+            trainer.head,
+            batch.input_ids,
+            batch.loss_mask,
+            batch.attention_mask,
+            batch.aux,
+            batch.final,
+            3,
+            in_vocab=in_vocab,
+            sparse=sparse,
+        )
+        sum(s["loss_sum"] for s in sums).backward()
+        results[sparse] = (
+            [(float(s["loss_sum"].detach()), int(s["count"]), int(s["correct"])) for s in sums],
+            [p.grad.clone() for p in trainer.params],
+        )
+    assert results[True][0] == results[False][0]
+    for sparse_grad, dense_grad in zip(results[True][1], results[False][1], strict=True):
+        # Float summation order differs (gathered rows), nothing else.
+        scale = float(dense_grad.abs().max())
+        assert float((sparse_grad - dense_grad).abs().max()) <= 1e-5 * scale
