@@ -432,7 +432,8 @@ class ShardWriter:
         self.meta = meta
         self.zstd_level, self.zstd_threads = zstd_level, zstd_threads
         self._torch_dtype = _TORCH_DTYPES[dtype]
-        self._compressor = self._make_compressor(zstd_threads) if mode == "zstd" else None
+        # zstd_threads 0 compresses inline on the caller's thread; otherwise a small pool does.
+        self._compressor = self._make_compressor(0) if mode == "zstd" and zstd_threads == 0 else None
         self._pool: ThreadPoolExecutor | None = None
         if mode == "zstd" and zstd_threads != 0:
             total = (os.cpu_count() or 1) if zstd_threads < 0 else zstd_threads
