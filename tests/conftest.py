@@ -63,11 +63,9 @@ def workflow_config(tmp: Path, model_dir: Path, datasets: dict[str, Path], **ove
     return config
 
 
-def snakemake(workdir: Path, config: dict, *args: str, check: bool = True, name: str = "config.yaml"):
-    """Run the real workflow in `workdir` with `config`; returns the CompletedProcess."""
-    config_path = workdir / name
-    config_path.write_text(yaml.safe_dump(config))
-    cmd = [
+def snakemake_cmd(workdir: Path, config_path: Path, *args: str) -> list[str]:
+    """The command line of a real workflow run in `workdir` with the config at `config_path`."""
+    return [
         sys.executable,
         "-m",
         "snakemake",
@@ -81,6 +79,13 @@ def snakemake(workdir: Path, config: dict, *args: str, check: bool = True, name:
         "2",
         *args,
     ]
+
+
+def snakemake(workdir: Path, config: dict, *args: str, check: bool = True, name: str = "config.yaml"):
+    """Run the real workflow in `workdir` with `config`; returns the CompletedProcess."""
+    config_path = workdir / name
+    config_path.write_text(yaml.safe_dump(config))
+    cmd = snakemake_cmd(workdir, config_path, *args)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if check and result.returncode != 0:
         raise AssertionError(

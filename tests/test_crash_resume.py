@@ -7,13 +7,12 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, workflow_config, write_rows
+from conftest import REPO, snakemake_cmd, workflow_config, write_rows
 from fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.slow
@@ -48,20 +47,7 @@ def kill_mid_generation(workdir: Path, config: dict, env: dict | None = None) ->
     """Start `snakemake data`, kill -9 it once 3 responses are journaled; returns the journal."""
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--configfile",
-        str(config_path),
-        "--cores",
-        "2",
-        "data",
-    ]
+    cmd = snakemake_cmd(workdir, config_path, "data")
     runner = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
     )
@@ -92,20 +78,7 @@ def kill_mid_generation(workdir: Path, config: dict, env: dict | None = None) ->
 def resume(workdir: Path, config: dict, done: dict[str, dict], env: dict | None = None) -> list[dict]:
     for args in (["--unlock"], ["data"]):
         config_path = workdir / "config.yaml"
-        cmd = [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(REPO / "Snakefile"),
-            "-d",
-            str(workdir),
-            "--configfile",
-            str(config_path),
-            "--cores",
-            "2",
-            *args,
-        ]
+        cmd = snakemake_cmd(workdir, config_path, *args)
         result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
     log = next((workdir / "logs" / "responses" / "slow").glob("*.log")).read_text()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, planned_jobs, snakemake, workflow_config, write_rows
+from conftest import planned_jobs, snakemake, snakemake_cmd, workflow_config, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -45,20 +45,7 @@ def test_kill9_mid_extraction_rebuilds_only_unfinished_shards(tmp_path, demo_mod
     assert report["shards"] == NUM_SHARDS and report["bytes_by_mode"]["fp8"] < report["bytes_by_mode"]["raw"]
     hidden = next((tmp_path / "artifacts" / "hidden").iterdir())
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(tmp_path),
-        "--configfile",
-        str(tmp_path / "config.yaml"),
-        "--cores",
-        "2",
-        "hidden_states",
-    ]
+    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "hidden_states")
     runner = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, planned_jobs, snakemake, workflow_config, write_rows
+from conftest import planned_jobs, snakemake, snakemake_cmd, workflow_config, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -75,20 +75,7 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     shutil.rmtree(draft_dir)
     logs = tmp_path / "logs" / "train" / key
     shutil.rmtree(logs)
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(tmp_path),
-        "--configfile",
-        str(tmp_path / "config.yaml"),
-        "--cores",
-        "2",
-        "draft",
-    ]
+    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "draft")
     runner = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
