@@ -1,7 +1,8 @@
 # draftsmith: prompt datasets + a target LLM -> a trained, benchmarked EAGLE-3 draft.
 # Every artifact is a declared output under a content-addressed key; see
 # docs/architecture.md. Targets: `data` (merged shuffled JSONL), `plan` (extraction
-# plan report), `hidden_states` (every shard), `draft` (the trained draft), `verify`.
+# plan report), `hidden_states` (every shard), `draft` (the trained draft, exported for
+# SGLang and vLLM), `verify`.
 
 import os
 
@@ -29,6 +30,7 @@ include: "rules/tokens.smk"
 include: "rules/merge.smk"
 include: "rules/extract.smk"
 include: "rules/train.smk"
+include: "rules/export.smk"
 include: "rules/verify.smk"
 
 
@@ -44,9 +46,15 @@ rule hidden_states:
         PLAN.results_dir / "plan_report.md",
 
 
+rule draft:
+    input:
+        rules.train.output,
+        rules.export.output,
+
+
 rule all:
     default_target: True
     input:
         rules.data.input,
         rules.hidden_states.input,
-        rules.draft.output,
+        rules.draft.input,

@@ -1,7 +1,7 @@
 # Draft training: the draft vocabulary, then a fixed number of checkpoint segments (from
 # config: ceil(total_steps / checkpoint_every)), so a dry run shows every segment job.
 # Segment n resumes exactly from checkpoint n-1; a crash loses at most the running
-# segment. `draft` writes the final weights, config and training summary.
+# segment. `train` writes the final weights, config and training summary.
 
 
 rule draft_vocab:
@@ -50,7 +50,7 @@ rule train_segment:
         "../scripts/train_segment.py"
 
 
-rule draft:
+rule train:
     input:
         checkpoint=str(PLAN.checkpoint(PLAN.num_segments - 1)),
         metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
@@ -62,12 +62,12 @@ rule draft:
         summary=str(PLAN.draft_dir / "train_summary.json"),
         manifest=str(PLAN.draft_dir / "manifest.json"),
     log:
-        f"{LOGS}/draft/{PLAN.draft_key}.log",
+        f"{LOGS}/train/{PLAN.draft_key}/final.log",
     benchmark:
-        f"benchmarks/draft/{PLAN.draft_key}.tsv"
+        f"benchmarks/train/{PLAN.draft_key}/final.tsv"
     conda:
         "../envs/gpu.yaml"
     resources:
         mem_mb=4000,
     script:
-        "../scripts/draft.py"
+        "../scripts/train.py"

@@ -346,3 +346,29 @@ def test_sparse_steps_equal_computing_every_position(spec):
         # Float summation order differs (gathered rows), nothing else.
         scale = float(dense_grad.abs().max())
         assert float((sparse_grad - dense_grad).abs().max()) <= 1e-5 * scale
+
+
+def test_fused_attention_equals_the_explicit_ttt_mask():
+    """Step j's query sees step 0 causally plus its own position in steps 1..j, exactly as
+    an explicit softmax over those scores (GQA: 4 query heads share 2 key heads)."""
+    from draftsmith.draft.model import Attention, DraftConfig, causal_bias
+
+    c = DraftConfig(16, 32, 4, 2, 8, 50, 20, 64)
+    attn = Attention(c)
+    gen = torch.Generator().manual_seed(0)
+    b, t, steps = 2, 6, 3
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[1, 4:] = 0  # right padding
+    q = torch.randn(b, 4, t, 8, generator=gen)
+    keys = [torch.randn(b, 2, t, 8, generator=gen) for _ in range(steps)]
+    values = [torch.randn(b, 2, t, 8, generator=gen) for _ in range(steps)]
+    got = attn.heads(q, keys, values, causal_bias(t, mask, torch.float32))
+
+    k = [x.repeat_interleave(2, dim=1) for x in keys]
+    v = [x.repeat_interleave(2, dim=1) for x in values]
+    allowed = torch.ones(t, t).tril().bool()[None, None] & mask[:, None, None, :].bool()
+    scores0 = (q @ k[0].transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+    diag = [(q * x).sum(-1, keepdim=True) for x in k[1:]]
+    weights = torch.softmax(torch.cat([scores0, *diag], dim=-1) / math.sqrt(8), dim=-1)
+    want = weights[..., :t] @ v[0] + sum(weights[..., t + i : t + i + 1] * x for i, x in enumerate(v[1:]))
+    assert torch.allclose(got, want.transpose(1, 2).reshape(b, t, 32), atol=1e-5)

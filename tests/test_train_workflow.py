@@ -54,7 +54,8 @@ def stat(path: Path) -> tuple[int, int, bytes]:
 def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     config = config_for(tmp_path, demo_model_dir)
     plan = planned_jobs(snakemake(tmp_path, config, "draft", "-n"))
-    assert plan["train_segment"] == SEGMENTS and plan["draft_vocab"] == 1 and plan["draft"] == 1
+    assert plan["train_segment"] == SEGMENTS and plan["draft_vocab"] == 1 and plan["train"] == 1
+    assert plan["export"] == 1
 
     # The reference: one uninterrupted run.
     snakemake(tmp_path, config, "draft")
@@ -68,6 +69,21 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     assert json.loads((draft_dir / "draft_config.json").read_text())["draft_vocab_size"] == 256
     vocab = json.loads(next((tmp_path / "artifacts" / "draft_vocab").glob("*/vocab.json")).read_text())
     assert vocab["padded"] > 0 and vocab["coverage"] == 1.0  # few distinct tokens: padded
+    exported = next((tmp_path / "artifacts" / "export").iterdir())
+    layers = json.loads(next((tmp_path / "artifacts" / "hidden").glob("*/shard-00000.json")).read_text())
+    sglang = json.loads((exported / "sglang" / "config.json").read_text())
+    vllm = json.loads((exported / "vllm" / "config.json").read_text())
+    # Each consumer gets the layers the draft was trained on, in its own convention.
+    assert (
+        sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        == layers["meta"]["layers"]["output_of_layer"]
+    )
+    assert vllm["eagle_aux_hidden_state_layer_ids"] == layers["meta"]["layers"]["input_of_layer"]
+    export_manifest = json.loads((exported / "manifest.json").read_text())
+    assert sorted(export_manifest["stats"]) == ["sglang", "vllm"]
+    assert all(
+        v["logits_max_abs_diff"] <= v["logits_tolerance"]["atol"] for v in export_manifest["stats"].values()
+    )
     verify = [sys.executable, "-m", "draftsmith.verify", str(tmp_path / "artifacts")]
     assert subprocess.run(verify, capture_output=True, text=True).returncode == 0
 
@@ -93,7 +109,11 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     first_logs = {p.name: p.read_text() for p in logs.glob("*.log")}
 
     snakemake(tmp_path, config, "--unlock")
-    assert planned_jobs(snakemake(tmp_path, config, "draft", "-n")) == {"train_segment": 1, "draft": 1}
+    assert planned_jobs(snakemake(tmp_path, config, "draft", "-n")) == {
+        "train_segment": 1,
+        "train": 1,
+        "export": 1,
+    }
     snakemake(tmp_path, config, "draft")
     for name, before in finished.items():
         assert stat(draft_dir / name) == before  # not rewritten, not even touched

@@ -27,6 +27,8 @@ STAGE_VERSIONS = {
     "hidden": 1,
     "draft_vocab": 1,
     "draft": 1,
+    "export": 1,
+    "eval": 1,
 }
 
 # Generation settings that change what the target writes (the rest is speed).
@@ -106,6 +108,12 @@ class Plan:
             self.train_params(),
             {"model": self.model_key, "hidden": self.hidden_key, "draft_vocab": self.draft_vocab_key},
         )
+        self.export_key = stage_key("export", self.export_params(), {"draft": self.draft_key})
+        self.eval_key = stage_key(
+            "eval",
+            self._eval_params(),
+            {"model": self.model_key, "export": self.export_key, "merged": self.merged_key},
+        )
         self.hash_cache.save()
         for path in self.missing_sources:
             print(
@@ -176,6 +184,31 @@ class Plan:
         train = self.config["train"]
         return {k: train[k] for k in SEMANTIC_TRAIN}
 
+    def export_params(self) -> dict:
+        export = dict(self.config["export"])
+        if export["serving_context"] is None:
+            export["serving_context"] = self.config["train"]["max_position_embeddings"]
+        return export
+
+    def _eval_params(self) -> dict:
+        evaluate = self.config["evaluate"]
+        sets = {
+            name: {
+                "source": self._source_hash(entry["path"]),
+                **{k: v for k, v in entry.items() if k != "path"},
+            }
+            for name, entry in sorted(evaluate["prompt_sets"].items())
+        }
+        # device, dtype and warmup change speed, not which tokens come out (greedy, lossless
+        # against the target in the same dtype); dtype can change the target's own greedy
+        # output, so it stays in the key.
+        return {
+            "k": evaluate["k"],
+            "max_new_tokens": evaluate["max_new_tokens"],
+            "dtype": evaluate["dtype"],
+            "prompt_sets": sets,
+        }
+
     def _response_key(self, name: str) -> str:
         entry = cfg.dataset_settings(self.config, name)
         generation = {k: entry["generation"].get(k) for k in SEMANTIC_GENERATION}
@@ -245,6 +278,15 @@ class Plan:
 
     def metrics(self, segment: int) -> Path:
         return self.draft_dir / f"metrics-{segment_name(segment)}.jsonl"
+
+    @property
+    def export_dir(self) -> Path:
+        """Holds `sglang/` and `vllm/`, one directory per serving format."""
+        return self.root / "export" / self.export_key
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / "eval" / self.eval_key
 
     @property
     def results_dir(self) -> Path:

@@ -679,8 +679,8 @@ def _train_summary(
     }
 
 
-def finish_draft(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """Rule `draft`: the trained weights (SGLang names, no embedding), config and summary."""
+def finish_training(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """Rule `train`: the trained weights (SGLang names, no embedding), config and summary."""
     import torch
     from safetensors.torch import save as save_tensors
 
@@ -714,3 +714,52 @@ def finish_draft(config: dict, inputs: dict, outputs: dict, log_file: str | None
     )
     log.info("draft %s: %s", plan.draft_key, json.dumps(summary["end"]))
     return summary
+
+
+# --- export ----------------------------------------------------------------------------
+def export_draft(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """Rule `export`: the draft in SGLang and vLLM speculators formats, each validated by
+    reloading (keys, shapes, context, layer-id convention, logits) before it counts."""
+    from draftsmith.draft import export, train
+    from draftsmith.layers import AuxLayers
+
+    started = time.time()
+    plan = plan_for(config)
+    settings = plan.export_params()
+    model_info = read_model_info(Path(inputs["model"]).parent)
+    hf_dir = Path(model_info["hf_dir"])
+    _, weights = train.load_target(hf_dir, config["model"]["trust_remote_code"])
+    draft = export.load_trained_draft(Path(inputs["weights"]), Path(inputs["config"]), weights["embed"])
+    aux = AuxLayers.from_manifest(json.loads(Path(inputs["shard"]).read_text())["meta"]["layers"])
+    target_config = json.loads((hf_dir / "config.json").read_text())
+    common = {"aux": aux, "target_config": target_config, "serving_context": settings["serving_context"]}
+    manifests = {
+        export.SGLANG: export.export_sglang(
+            draft,
+            Path(outputs["sglang_config"]).parent,
+            dtype=settings["dtype"],
+            allow_ambiguous_sglang_ids=settings["allow_ambiguous_sglang_ids"],
+            **common,
+        ),
+        export.VLLM: export.export_vllm(
+            draft,
+            Path(outputs["vllm_config"]).parent,
+            dtype=settings["dtype"],
+            verifier_name_or_path=settings["verifier_name_or_path"] or str(hf_dir),
+            speculative_tokens=settings["speculative_tokens"],
+            **common,
+        ),
+    }
+    out = Path(outputs["manifest"]).parent
+    manifest.write(
+        outputs["manifest"],
+        stage="export",
+        key=plan.export_key,
+        files=[Path(outputs[name]) for name in outputs if name != "manifest"],
+        params=settings,
+        upstream={"draft": plan.draft_key},
+        stats={fmt: m["validation"] for fmt, m in manifests.items()},
+        started=started,
+    )
+    log.info("export %s: %s and %s validated", plan.export_key, out / "sglang", out / "vllm")
+    return manifests

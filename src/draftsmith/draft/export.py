@@ -784,6 +784,15 @@ def load_sglang_export(
     return _build_draft(cfg, _by_draft_name(SGLANG, tensors), embed_weight, dtype)
 
 
+def load_trained_draft(weights: Path, config_file: Path, embed_weight: torch.Tensor) -> Eagle3Draft:
+    """The draft rule `train` wrote (SGLang-named weights without the embedding, plus its
+    DraftConfig as JSON), with the target's embedding, in float32."""
+    from safetensors.torch import load_file
+
+    cfg = DraftConfig(**json.loads(Path(config_file).read_text()))
+    return _build_draft(cfg, load_file(str(weights)), embed_weight, torch.float32)
+
+
 def _config_from_fields(config: dict) -> DraftConfig:
     return DraftConfig(
         hidden_size=int(config["hidden_size"]),

@@ -14,7 +14,6 @@ loss is weighted 0.8**j.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 STEP_DECAY = 0.8
+MASKED = -1e9  # additive attention bias of a masked key (finite: fully masked rows stay finite)
 
 
 @dataclass
@@ -115,18 +115,23 @@ class Attention(nn.Module):
 
     def heads(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
         """q attends causally to step 0 (keys[0]) and to its own position in later steps;
-        returns the heads' outputs (B, T, heads * d), before o_proj."""
+        returns the heads' outputs (B, T, heads * d), before o_proj.
+
+        One fused attention call over the keys of every step side by side, masked causal
+        for step 0 and diagonal for the others: no T x T score matrix is kept for the
+        backward pass, which at 8K tokens and 7 steps would not fit on a GPU.
+        """
         groups = self.c.num_attention_heads // self.c.num_key_value_heads
-        keys = [k.repeat_interleave(groups, dim=1) for k in keys]
-        values = [v.repeat_interleave(groups, dim=1) for v in values]
-        scale = 1.0 / math.sqrt(self.c.head_dim)
-        scores = [(q @ keys[0].transpose(-1, -2)) * scale + causal]
-        scores += [(q * k).sum(-1, keepdim=True) * scale for k in keys[1:]]
-        weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
         t = keys[0].shape[2]
-        out = weights[..., :t] @ values[0]
-        for i, v in enumerate(values[1:]):
-            out = out + weights[..., t + i : t + i + 1] * v
+        k = torch.cat(keys, dim=2).repeat_interleave(groups, dim=1)
+        v = torch.cat(values, dim=2).repeat_interleave(groups, dim=1)
+        bias = causal.expand(q.shape[0], 1, t, t)
+        if len(keys) > 1:
+            eye = torch.eye(t, dtype=torch.bool, device=q.device)
+            diagonal = torch.zeros(t, t, dtype=causal.dtype, device=q.device).masked_fill(~eye, MASKED)
+            later = diagonal.expand(q.shape[0], 1, t, t).repeat(1, 1, 1, len(keys) - 1)
+            bias = torch.cat([bias, later], dim=-1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
         b, h, n, d = out.shape
         return out.transpose(1, 2).reshape(b, n, h * d)
 
@@ -215,7 +220,8 @@ class Eagle3Draft(nn.Module):
 def causal_bias(length: int, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     allowed = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
     allowed = allowed[None] & attention_mask[:, None, :].bool()
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, -1e9)[:, None]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill(~allowed, MASKED)[:, None]
 
 
 def shift(x: torch.Tensor, by: int) -> torch.Tensor:
