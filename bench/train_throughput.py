@@ -3,7 +3,10 @@
 Writes a target directory holding only what training reads (config.json and the
 embedding / final norm / lm_head tensors, random), random hidden-state shards and a
 draft vocabulary, then times `Trainer.train_step` and checks that two segments equal
-one run. Prints a table.
+one run. Prints a table: tokens/s, the step split (waiting for data, preparing the
+batch, forward, backward, optimiser; timed with device syncs), the FLOPs one step
+executes (counted by torch's FlopCounterMode) over the step time against the bf16
+matrix-product rate, and peak GPU memory.
 
     python bench/train_throughput.py --shape llama-8b --device cuda --dtype bfloat16
     python bench/train_throughput.py --shape demo --device cpu       # SmolLM2-135M shapes
@@ -75,6 +78,17 @@ def make_shards(root: Path, shape: str, samples: int, length: int, shards: int, 
     return names
 
 
+def step_flops(trainer: train.Trainer) -> float:
+    """FLOPs one training step executes (matrix products and attention), counted by torch;
+    the counted step is a real one, so the run continues from it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        trainer.train_step()
+    return float(counter.get_total_flops())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
@@ -87,6 +101,7 @@ def main() -> None:
     parser.add_argument("--ttt", type=int, default=7)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--matmul-tflops", type=float, default=780.0, help="measured bf16 matmul rate")
     args = parser.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="train-bench-"))
     started = time.perf_counter()
@@ -130,7 +145,8 @@ def main() -> None:
     trainer = train.Trainer(spec)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    times, tokens, straight = [], [], []
+    trainer.profile = True
+    times, tokens, straight, phases = [], [], [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         record = trainer.train_step()
@@ -139,9 +155,14 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         tokens.append(record["tokens"])
         straight.append(record["loss"])
+        phases.append(record["timings"])
     warm = slice(2, None)  # first steps include allocator growth and (GPU) kernel selection
     rate = sum(tokens[warm]) / sum(times[warm])
+    step_time = sum(times[warm]) / len(times[warm])
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    split = {name: sum(p[name] for p in phases[warm]) / len(phases[warm]) for name in phases[0]}
+    worst_wait = max(p["data_wait_s"] for p in phases[warm])
+    flops = step_flops(trainer)
     del trainer
     # Exact resume: segment 0, checkpoint, fresh objects, segment 1.
     first = train.run_segment(spec, 0, None, work / "c0.pt", work / "m0.jsonl")
@@ -154,12 +175,17 @@ def main() -> None:
         ("draft vocab / TTT steps", f"{args.draft_vocab} / {args.ttt}"),
         ("batch tokens (padded budget)", args.batch_tokens),
         ("real tokens per step (mean)", f"{sum(tokens) / len(tokens):.0f}"),
-        ("step time (s, after 2 warm-up)", f"{sum(times[warm]) / len(times[warm]):.3f}"),
+        ("step time (s, after 2 warm-up)", f"{step_time:.3f}"),
+        *((f"  {name[:-2].replace('_', ' ')} (s)", f"{value:.4f}") for name, value in split.items()),
+        ("  worst data wait (s)", f"{worst_wait:.4f}"),
         ("throughput (tok/s)", f"{rate:,.0f}"),
+        ("FLOPs per step (executed, TFLOP)", f"{flops / 1e12:.2f}"),
+        ("achieved TFLOP/s", f"{flops / step_time / 1e12:.1f}"),
+        ("share of the bf16 matmul rate", f"{flops / step_time / 1e12 / args.matmul_tflops:.1%}"),
         ("peak GPU memory (GiB)", f"{peak:.1f}"),
         ("first / last loss", f"{straight[0]:.4f} / {straight[-1]:.4f}"),
         ("resume: worst relative loss diff", f"{worst:.2e}" + (" (bitwise)" if worst == 0 else "")),
-        ("data preparation (s)", f"{prepared:.1f}"),
+        ("synthetic data written (s)", f"{prepared:.1f}"),
     ]
     width = max(len(k) for k, _ in rows)
     print(f"| {'what'.ljust(width)} | value |\n|{'-' * (width + 2)}|-------|")

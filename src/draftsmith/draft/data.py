@@ -98,6 +98,14 @@ class Batch:
     samples: int
     tokens: int  # real (unpadded) tokens
 
+    def pin(self) -> Batch:
+        """Page-locked copies, so the copy to the GPU can overlap compute."""
+        pinned = {
+            k: getattr(self, k).pin_memory()
+            for k in ("input_ids", "loss_mask", "attention_mask", "aux", "final")
+        }
+        return Batch(**pinned, samples=self.samples, tokens=self.tokens)
+
     def to(self, device: torch.device) -> Batch:
         moved = {
             k: getattr(self, k).to(device, non_blocking=True)

@@ -44,6 +44,7 @@ import os
 import random
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,6 +288,12 @@ class Trainer:
         # of a CPU step). Computed per sample, never per batch, so it cannot depend on what
         # the sample was batched with.
         self._in_vocab: dict[tuple[int, int], torch.Tensor] = {}
+        # One loader thread reads and pads the next step's micro-batches while the device
+        # works on this one. All shard reads go through it (a reader is not thread-safe).
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="draft-loader")
+        self._upcoming: tuple[Position, Future] | None = None
+        # Synchronise the device between phases to time them (benchmarks; costs a little).
+        self.profile = False
 
     # -- state
     def state_dict(self, segment: int) -> dict:
@@ -363,16 +370,44 @@ class Trainer:
                 in_vocab=in_vocab,
             )
 
+    def _load(self, position: Position) -> tuple[list[Batch], list[list[tuple[int, int]]], Position]:
+        """This rank's micro-batches of the step at `position`, read, padded (and pinned)."""
+        plans, next_position = self.data.take(position, self.train["grad_accum"])
+        mine = plans[self.dist.rank :: self.dist.world]
+        batches = [self.data.collate(items, self.input_dtype) for items in mine]
+        if self.device.type == "cuda":
+            batches = [batch.pin() for batch in batches]
+        return batches, mine, next_position
+
+    def _next_step_data(self):
+        """The current step's data (prefetched when possible), then start the next step's."""
+        upcoming, self._upcoming = self._upcoming, None
+        if upcoming is not None and upcoming[0] == self.position:
+            loaded = upcoming[1].result()
+        else:
+            loaded = self._loader.submit(self._load, self.position).result()
+        next_position = loaded[2]
+        self._upcoming = (next_position, self._loader.submit(self._load, next_position))
+        return loaded
+
+    def _mark(self, timings: dict, phase: str, since: float) -> float:
+        if self.profile and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        timings[phase] = timings.get(phase, 0.0) + now - since
+        return now
+
     def train_step(self) -> dict:
         """One optimiser step over the next global batch; returns its metrics record."""
         started = time.perf_counter()
+        timings: dict[str, float] = {}
         k = self.steps
-        plans, next_position = self.data.take(self.position, self.train["grad_accum"])
-        mine = plans[self.dist.rank :: self.dist.world]
+        loaded, mine, next_position = self._next_step_data()
+        mark = self._mark(timings, "data_wait_s", started)
         prepared = []
         counts = torch.zeros(k, dtype=torch.float64, device=self.device)
-        for items in mine:
-            batch = self.data.collate(items, self.input_dtype).to(self.device)
+        for items, host_batch in zip(mine, loaded, strict=True):
+            batch = host_batch.to(self.device)
             in_vocab = self.in_vocab(items, batch)
             for j in range(k):
                 counts[j] += valid_positions(batch.loss_mask, batch.attention_mask, in_vocab, j).sum()
@@ -381,10 +416,13 @@ class Trainer:
         weights = [STEP_DECAY**j / max(c, 1.0) for j, c in enumerate(counts)]
         # loss sums, correct, counts (filled in below), tokens, samples
         totals = torch.zeros(3 * k + 2, dtype=torch.float64, device=self.device)
+        mark = self._mark(timings, "prepare_s", mark)
         for batch, in_vocab in prepared:
             stats = self._sums(batch, in_vocab)
             loss = sum(w * s["loss_sum"] for w, s in zip(weights, stats, strict=True))
+            mark = self._mark(timings, "forward_s", mark)
             loss.backward()
+            mark = self._mark(timings, "backward_s", mark)
             for j, s in enumerate(stats):
                 totals[j] += s["loss_sum"].detach().double()
                 totals[k + j] += s["correct"].double()
@@ -403,6 +441,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._mark(timings, "optimizer_s", mark)
         self.position = next_position
         self.step += 1
         values = totals.cpu()
@@ -423,6 +462,7 @@ class Trainer:
             "samples": samples,
             "tok_s": tokens / elapsed if elapsed > 0 else 0.0,
             "time_s": elapsed,
+            **({"timings": timings} if self.profile else {"data_wait_s": timings["data_wait_s"]}),
         }
 
     @torch.no_grad()
@@ -435,7 +475,7 @@ class Trainer:
         k = self.steps
         totals = torch.zeros(3 * k + 2, dtype=torch.float64, device=self.device)
         for items in plans[self.dist.rank :: self.dist.world]:
-            batch = self.data.collate(items, self.input_dtype).to(self.device)
+            batch = self._loader.submit(self.data.collate, items, self.input_dtype).result().to(self.device)
             for j, s in enumerate(self._sums(batch, self.in_vocab(items, batch))):
                 totals[j] += s["loss_sum"].double()
                 totals[k + j] += s["correct"].double()
@@ -547,9 +587,11 @@ def launch(
     *,
     world_size: int,
     threads: int = 1,
+    torchrun: bool | None = None,
 ) -> None:
-    """Run one segment in this process (world size 1) or in `world_size` torchrun processes."""
-    if world_size == 1:
+    """Run one segment in this process (world size 1) or in `world_size` torchrun processes
+    (`torchrun` True forces a torchrun group of one, as on a node with one GPU)."""
+    if not (world_size > 1 if torchrun is None else torchrun):
         run_segment(spec, segment, previous, checkpoint, metrics)
         return
     from draftsmith.process import run_guarded

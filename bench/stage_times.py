@@ -1,0 +1,44 @@
+"""Wall time of every job of a config's last run, from the rules' Snakemake `benchmark:` files.
+
+python bench/stage_times.py --configfile configs/smollm2-medium-h200.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+from draftsmith import config as cfg
+from draftsmith.stages import plan_for
+
+
+def planned_keys(config: dict) -> set[str]:
+    plan = plan_for(config)
+    keys = {plan.model_key, plan.merged_key, plan.hidden_key, plan.draft_vocab_key, plan.draft_key}
+    keys |= {plan.export_key, plan.eval_key, *plan.response_keys.values(), *plan.token_keys.values()}
+    return keys
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configfile", type=Path, required=True)
+    parser.add_argument("--benchmarks", type=Path, default=Path("benchmarks"))
+    args = parser.parse_args()
+    keys = planned_keys(cfg.load(args.configfile))
+    totals: dict[str, list[float]] = defaultdict(list)
+    for path in sorted(args.benchmarks.rglob("*.tsv")):
+        if not keys & (set(path.parts) | {path.stem}):
+            continue
+        with path.open() as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        if rows:
+            totals[path.relative_to(args.benchmarks).parts[0]].append(float(rows[-1]["s"]))
+    print("| rule | jobs | wall s (sum) | wall s (longest job) |\n|---|---|---|---|")
+    for rule, times in totals.items():
+        print(f"| {rule} | {len(times)} | {sum(times):.1f} | {max(times):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
