@@ -78,6 +78,19 @@ def make_shards(root: Path, shape: str, samples: int, length: int, shards: int, 
     return names
 
 
+def matmul_tflops() -> float:
+    """The bf16 rate of a large matrix product on this GPU (mean of 10 after 3 warm-ups)."""
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 10 * 2 * 8192**3 / (time.perf_counter() - started) / 1e12
+
+
 def step_flops(trainer: train.Trainer) -> float:
     """FLOPs one training step executes (matrix products and attention), counted by torch;
     the counted step is a real one, so the run continues from it."""
@@ -101,9 +114,13 @@ def main() -> None:
     parser.add_argument("--ttt", type=int, default=7)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--matmul-tflops", type=float, default=780.0, help="measured bf16 matmul rate")
+    parser.add_argument(
+        "--matmul-tflops", type=float, default=None, help="bf16 matmul rate (default: measured)"
+    )
     args = parser.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="train-bench-"))
+    if args.matmul_tflops is None:
+        args.matmul_tflops = matmul_tflops() if args.device == "cuda" else 780.0
     started = time.perf_counter()
     make_target(work / "target", args.shape)
     shard_dtype = "bfloat16" if args.dtype else "float32"
@@ -181,6 +198,7 @@ def main() -> None:
         ("throughput (tok/s)", f"{rate:,.0f}"),
         ("FLOPs per step (executed, TFLOP)", f"{flops / 1e12:.2f}"),
         ("achieved TFLOP/s", f"{flops / step_time / 1e12:.1f}"),
+        ("bf16 matmul rate (TFLOP/s)", f"{args.matmul_tflops:.0f}"),
         ("share of the bf16 matmul rate", f"{flops / step_time / 1e12 / args.matmul_tflops:.1%}"),
         ("peak GPU memory (GiB)", f"{peak:.1f}"),
         ("first / last loss", f"{straight[0]:.4f} / {straight[-1]:.4f}"),
