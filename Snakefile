@@ -23,6 +23,9 @@ PLAN = plan_for(config)
 LOGS = config["logs_dir"]
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/model.smk"
 include: "rules/responses.smk"
@@ -31,7 +34,10 @@ include: "rules/merge.smk"
 include: "rules/extract.smk"
 include: "rules/train.smk"
 include: "rules/export.smk"
+include: "rules/evaluate.smk"
+include: "rules/serve_benchmark.smk"
 include: "rules/verify.smk"
+include: "rules/report.smk"
 
 
 rule data:
@@ -58,3 +64,5 @@ rule all:
         rules.data.input,
         rules.hidden_states.input,
         rules.draft.input,
+        rules.report.output,
+        rules.serve_benchmark.output if config["serve_benchmark"]["enabled"] else [],

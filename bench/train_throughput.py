@@ -102,6 +102,19 @@ def step_flops(trainer: train.Trainer) -> float:
     return float(counter.get_total_flops())
 
 
+def print_costliest_ops(trainer: train.Trainer, count: int, cuda: bool) -> None:
+    """One more step under torch's profiler: where the device time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        trainer.train_step()
+        if cuda:
+            torch.cuda.synchronize()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=count, max_name_column_width=60))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
@@ -114,6 +127,7 @@ def main() -> None:
     parser.add_argument("--ttt", type=int, default=7)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--kernels", type=int, default=0, help="print the N costliest ops of one step")
     parser.add_argument(
         "--matmul-tflops", type=float, default=None, help="bf16 matmul rate (default: measured)"
     )
@@ -180,6 +194,8 @@ def main() -> None:
     split = {name: sum(p[name] for p in phases[warm]) / len(phases[warm]) for name in phases[0]}
     worst_wait = max(p["data_wait_s"] for p in phases[warm])
     flops = step_flops(trainer)
+    if args.kernels:
+        print_costliest_ops(trainer, args.kernels, cuda)
     del trainer
     # Exact resume: segment 0, checkpoint, fresh objects, segment 1.
     first = train.run_segment(spec, 0, None, work / "c0.pt", work / "m0.jsonl")

@@ -348,27 +348,44 @@ def test_sparse_steps_equal_computing_every_position(spec):
         assert float((sparse_grad - dense_grad).abs().max()) <= 1e-5 * scale
 
 
-def test_fused_attention_equals_the_explicit_ttt_mask():
-    """Step j's query sees step 0 causally plus its own position in steps 1..j, exactly as
-    an explicit softmax over those scores (GQA: 4 query heads share 2 key heads)."""
-    from draftsmith.draft.model import Attention, DraftConfig, causal_bias
-
-    c = DraftConfig(16, 32, 4, 2, 8, 50, 20, 64)
-    attn = Attention(c)
-    gen = torch.Generator().manual_seed(0)
-    b, t, steps = 2, 6, 3
-    mask = torch.ones(b, t, dtype=torch.long)
-    mask[1, 4:] = 0  # right padding
-    q = torch.randn(b, 4, t, 8, generator=gen)
-    keys = [torch.randn(b, 2, t, 8, generator=gen) for _ in range(steps)]
-    values = [torch.randn(b, 2, t, 8, generator=gen) for _ in range(steps)]
-    got = attn.heads(q, keys, values, causal_bias(t, mask, torch.float32))
-
-    k = [x.repeat_interleave(2, dim=1) for x in keys]
-    v = [x.repeat_interleave(2, dim=1) for x in values]
+def _explicit_ttt_attention(q, keys, values, mask):
+    """The TTT attention written out: one softmax over step 0's causal scores and the
+    diagonal scores of the later steps (GQA: key heads repeated)."""
+    b, h, t, d = q.shape
+    groups = h // keys[0].shape[1]
+    k = [x.repeat_interleave(groups, dim=1) for x in keys]
+    v = [x.repeat_interleave(groups, dim=1) for x in values]
     allowed = torch.ones(t, t).tril().bool()[None, None] & mask[:, None, None, :].bool()
     scores0 = (q @ k[0].transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
     diag = [(q * x).sum(-1, keepdim=True) for x in k[1:]]
-    weights = torch.softmax(torch.cat([scores0, *diag], dim=-1) / math.sqrt(8), dim=-1)
-    want = weights[..., :t] @ v[0] + sum(weights[..., t + i : t + i + 1] * x for i, x in enumerate(v[1:]))
-    assert torch.allclose(got, want.transpose(1, 2).reshape(b, t, 32), atol=1e-5)
+    weights = torch.softmax(torch.cat([scores0, *diag], dim=-1) / math.sqrt(d), dim=-1)
+    out = weights[..., :t] @ v[0] + sum(weights[..., t + i : t + i + 1] * x for i, x in enumerate(v[1:]))
+    return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_chunked_attention_equals_the_explicit_ttt_mask(steps, monkeypatch):
+    """Outputs and gradients of every input, also when queries run in several chunks."""
+    from draftsmith.draft import attention
+    from draftsmith.draft.model import Attention, DraftConfig, causal_bias
+
+    monkeypatch.setattr(attention, "CHUNK_ELEMENTS", 2 * 4 * 7 * 16)  # 16 query rows per chunk
+    attn = Attention(DraftConfig(16, 32, 4, 2, 8, 50, 20, 64))
+    gen = torch.Generator().manual_seed(0)
+    b, t = 2, 37
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[1, 30:] = 0  # right padding
+    q = torch.randn(b, 4, t, 8, generator=gen, dtype=torch.float64)
+    keys = [torch.randn(b, 2, t, 8, generator=gen, dtype=torch.float64) for _ in range(steps)]
+    values = [torch.randn(b, 2, t, 8, generator=gen, dtype=torch.float64) for _ in range(steps)]
+    inputs = [q, *keys, *values]
+    for x in inputs:
+        x.requires_grad_(True)
+    probe = torch.randn(b, t, 32, generator=gen, dtype=torch.float64)
+    got = attn.heads(q, keys, values, causal_bias(t, mask, torch.float64))
+    want = _explicit_ttt_attention(q, keys, values, mask)
+    assert torch.allclose(got, want, atol=1e-10)
+    grads_got = torch.autograd.grad((got * probe).sum(), inputs)
+    grads_want = torch.autograd.grad((want * probe).sum(), inputs)
+    for a, w in zip(grads_got, grads_want, strict=True):
+        assert torch.allclose(a, w, atol=1e-10)

@@ -105,6 +105,18 @@ def _check_references(config: dict, source: str) -> None:
     if not enabled_datasets(config, merged_only=True):
         raise ConfigError(f"{source}: no dataset is both enabled and not excluded from the merge")
     _check_train(config, source)
+    _check_serve_benchmark(config, source)
+
+
+def _check_serve_benchmark(config: dict, source: str) -> None:
+    if not config["serve_benchmark"]["enabled"]:
+        return
+    from draftsmith.serving.command import ServeBenchError, check_config  # the rules live there
+
+    try:
+        check_config(config)
+    except ServeBenchError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _check_train(config: dict, source: str) -> None:

@@ -29,7 +29,11 @@ STAGE_VERSIONS = {
     "draft": 1,
     "export": 1,
     "eval": 1,
+    "serve_bench": 1,
 }
+
+# Serving-benchmark settings that do not change what is measured (where, how patiently).
+_SERVE_BENCH_IGNORED = ("python", "port", "startup_timeout_s", "request_timeout_s")
 
 # Generation settings that change what the target writes (the rest is speed).
 SEMANTIC_GENERATION = ("backend", "max_new_tokens", "temperature", "top_p", "seed", "system_prompt")
@@ -113,6 +117,9 @@ class Plan:
             "eval",
             self._eval_params(),
             {"model": self.model_key, "export": self.export_key, "merged": self.merged_key},
+        )
+        self.serve_bench_key = stage_key(
+            "serve_bench", self.serve_bench_params(), {"model": self.model_key, "export": self.export_key}
         )
         self.hash_cache.save()
         for path in self.missing_sources:
@@ -209,6 +216,17 @@ class Plan:
             "prompt_sets": sets,
         }
 
+    def serve_bench_params(self) -> dict:
+        # Speed is what a benchmark measures, so launch and load settings are part of its key.
+        bench = {k: v for k, v in self.config["serve_benchmark"].items() if k != "enabled"}
+        bench["sglang"] = {k: v for k, v in bench["sglang"].items() if k not in _SERVE_BENCH_IGNORED}
+        entry = self.config["evaluate"]["prompt_sets"].get(bench["prompt_set"])
+        if entry is not None:
+            source = self._source_hash(entry["path"])  # the content counts, not where it lies
+            bench["prompts"] = {"source": source, **{k: v for k, v in entry.items() if k != "path"}}
+            bench["system_prompt"] = self.config["generation"]["system_prompt"]
+        return bench
+
     def _response_key(self, name: str) -> str:
         entry = cfg.dataset_settings(self.config, name)
         generation = {k: entry["generation"].get(k) for k in SEMANTIC_GENERATION}
@@ -287,6 +305,10 @@ class Plan:
     @property
     def eval_dir(self) -> Path:
         return self.root / "eval" / self.eval_key
+
+    @property
+    def serve_bench_dir(self) -> Path:
+        return self.root / "serve_bench" / self.serve_bench_key
 
     @property
     def results_dir(self) -> Path:

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.draft.attention import ttt_attention
+
 STEP_DECAY = 0.8
 MASKED = -1e9  # additive attention bias of a masked key (finite: fully masked rows stay finite)
 
@@ -115,23 +117,8 @@ class Attention(nn.Module):
 
     def heads(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
         """q attends causally to step 0 (keys[0]) and to its own position in later steps;
-        returns the heads' outputs (B, T, heads * d), before o_proj.
-
-        One fused attention call over the keys of every step side by side, masked causal
-        for step 0 and diagonal for the others: no T x T score matrix is kept for the
-        backward pass, which at 8K tokens and 7 steps would not fit on a GPU.
-        """
-        groups = self.c.num_attention_heads // self.c.num_key_value_heads
-        t = keys[0].shape[2]
-        k = torch.cat(keys, dim=2).repeat_interleave(groups, dim=1)
-        v = torch.cat(values, dim=2).repeat_interleave(groups, dim=1)
-        bias = causal.expand(q.shape[0], 1, t, t)
-        if len(keys) > 1:
-            eye = torch.eye(t, dtype=torch.bool, device=q.device)
-            diagonal = torch.zeros(t, t, dtype=causal.dtype, device=q.device).masked_fill(~eye, MASKED)
-            later = diagonal.expand(q.shape[0], 1, t, t).repeat(1, 1, 1, len(keys) - 1)
-            bias = torch.cat([bias, later], dim=-1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+        returns the heads' outputs (B, T, heads * d), before o_proj (see attention.py)."""
+        out = ttt_attention(q, keys, values, causal)
         b, h, n, d = out.shape
         return out.transpose(1, 2).reshape(b, n, h * d)
 

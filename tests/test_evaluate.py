@@ -1,0 +1,433 @@
+"""The built-in evaluator on the real demo model: greedy and speculative decoding, the
+draft's inference path against its training-time math, losslessness, prompt overlap and
+the benchmark files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith import atomic, stages, target
+from draftsmith import config as cfg
+from draftsmith.datasets import Prompt
+from draftsmith.draft import vocab
+from draftsmith.draft.export import export_sglang, load_sglang_export
+from draftsmith.draft.model import DraftConfig, Eagle3Draft, causal_bias, shift
+from draftsmith.evaluate import spec_decode as sd
+from draftsmith.evaluate.prompts import (
+    EvalPrompt,
+    OverlapError,
+    check_overlap,
+    load_prompt_set,
+    prompt_hash,
+    training_prompts,
+)
+from draftsmith.evaluate.stage import (
+    LosslessError,
+    Settings,
+    _acceptance,
+    benchmark_sets,
+    evaluate_draft,
+    export_aux_layers,
+)
+from draftsmith.generate.records import Usage, response_record
+from draftsmith.layers import AuxLayers
+
+REPO = Path(__file__).resolve().parents[1]
+# The first makes the target repeat ", hello": with a two-token draft vocabulary of
+# exactly those, a random draft is often right, so rounds that accept (crop less, add
+# several draft positions) get exercised; the second is accepted rarely.
+PROMPTS = ["Repeat the word hello ten times.", "Name three colours of the rainbow."]
+REPEATED = [28, 33662]  # "," and " hello" in the demo vocabulary
+MAX_NEW = 20
+MODEL_CFG = {
+    "trust_remote_code": False,
+    "probe_generation": False,
+    "end_of_turn_ids": None,
+    "dtype": "float32",
+}
+
+
+@pytest.fixture(scope="module")
+def model(demo_model_dir):
+    return target.load_model(demo_model_dir, "float32")
+
+
+@pytest.fixture(scope="module")
+def model_info(demo_model_dir) -> dict:
+    return stages.describe_model(demo_model_dir, MODEL_CFG)
+
+
+@pytest.fixture(scope="module")
+def stops(model_info) -> list[int]:
+    return sd.stop_ids(model_info)
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory, demo_model_dir) -> list[EvalPrompt]:
+    path = tmp_path_factory.mktemp("sets") / "tiny.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    entry = {"path": str(path), "format": "prompt", "prompt_field": "prompt", "max_prompts": None}
+    return load_prompt_set("tiny", entry, target.load_tokenizer(demo_model_dir), None)
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory, demo_model_dir, model) -> Path:
+    """A randomly initialised draft of the demo target's shapes, exported for SGLang."""
+    torch.manual_seed(0)
+    text = model.config.get_text_config()
+    config = DraftConfig.from_target(text, draft_vocab_size=len(REPEATED), max_position_embeddings=8192)
+    draft = Eagle3Draft(config, model.get_input_embeddings().weight.detach())
+    mapping = vocab.build({t: 1 for t in REPEATED}, len(REPEATED), config.vocab_size)
+    draft.set_vocab(mapping["d2t"], mapping["t2d"])
+    out = tmp_path_factory.mktemp("export") / "sglang"
+    export_sglang(
+        draft,
+        out,
+        aux=AuxLayers.default(text.num_hidden_layers),
+        target_config=json.loads((demo_model_dir / "config.json").read_text()),
+        serving_context=8192,
+        dtype="float32",
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def draft(export_dir, model) -> Eagle3Draft:
+    return load_sglang_export(export_dir, model.get_input_embeddings().weight, compute_dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def aux(export_dir, model) -> AuxLayers:
+    return export_aux_layers(export_dir, model.config.num_hidden_layers)
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(model, heldout, stops) -> list[list[int]]:
+    return [sd.greedy(model, p.input_ids, MAX_NEW, stops).tokens for p in heldout]
+
+
+def test_greedy_equals_generate(model, heldout, stops, greedy_outputs):
+    for prompt, ours in zip(heldout, greedy_outputs, strict=True):
+        ids = torch.tensor([prompt.input_ids])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=MAX_NEW,
+                eos_token_id=stops,
+                pad_token_id=stops[0],
+            )
+        assert ours == out[0, ids.shape[1] :].tolist()
+
+
+def test_aux_layers_come_from_the_export_in_sglang_numbering(aux, export_dir):
+    config = json.loads((export_dir / "config.json").read_text())
+    assert list(aux.output_of) == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_is_lossless_and_counts_add_up(model, draft, aux, heldout, stops, greedy_outputs, k):
+    runs = [sd.speculative(model, draft, aux, p.input_ids, k, MAX_NEW, stops) for p in heldout]
+    for run, expected in zip(runs, greedy_outputs, strict=True):
+        assert run.tokens == expected
+        assert all(0 <= r <= k for r in run.reach)
+    stats = _acceptance(runs, k)  # raises unless AL == 1 + sum(p_i)
+    assert 1 <= stats["acceptance_length"] <= k + 1
+    assert stats["acceptance_length"] == pytest.approx(1 + sum(stats["per_position"]))
+    assert stats["per_position"] == sorted(stats["per_position"], reverse=True)
+    # The repeating prompt must have had accepted rounds (all k of them for k=1), or
+    # this test proves little.
+    assert max(runs[0].reach) == 1
+
+
+def _training_logits(draft: Eagle3Draft, aux_states: torch.Tensor, ids: torch.Tensor, steps: int):
+    """Per TTT step, the draft's logits at every position, exactly as training computes them."""
+    t = aux_states.shape[1]
+    positions = torch.arange(t)[None]
+    causal = causal_bias(t, torch.ones(1, t, dtype=torch.long), torch.float32)
+    hidden, cache, out = draft.fc(aux_states), ([], []), []
+    for j in range(steps):
+        embeds = draft.embed_tokens(shift(ids, j + 1))
+        hidden = draft.step(embeds, hidden, positions + j, cache, causal)
+        out.append(draft.logits(hidden)[0])
+    return out
+
+
+def _target_states(model, aux: AuxLayers, ids: list[int]) -> torch.Tensor:
+    with sd.AuxHooks(model, aux) as hooks, torch.inference_mode():
+        model(input_ids=torch.tensor([ids]))
+        return hooks.take()
+
+
+def test_draft_inference_path_matches_training_math(model, draft, aux, heldout, greedy_outputs):
+    ids = heldout[1].input_ids + greedy_outputs[1]
+    states = _target_states(model, aux, ids)
+    t = len(ids) - 3  # room for the tokens steps 1 and 2 read at the last position
+    with torch.inference_mode():
+        # Causal: logits at a position do not depend on later ones, so the whole sequence
+        # gives training's logits at every position compared below.
+        train_logits = _training_logits(draft, states, torch.tensor([ids]), steps=3)
+        state = sd.DraftState(draft, len(ids) + 3)
+        start = 0
+        for end in (t - 9, t - 8, t - 5, t - 3, t):  # chunks of several sizes, as rounds accept
+            hidden = state.extend(states[0, start:end], torch.tensor(ids[start + 1 : end + 1]))
+            last = end - 1
+            torch.testing.assert_close(draft.logits(hidden)[0, 0], train_logits[0][last])
+            for step in (1, 2):
+                hidden = state.speculate(hidden, torch.tensor(ids[last + step + 1]), step)
+                torch.testing.assert_close(draft.logits(hidden)[0, 0], train_logits[step][last])
+            start = end
+
+
+def _token_sensitive_draft(model, seed: int) -> Eagle3Draft:
+    """A random draft whose chained proposals can differ from step to step.
+
+    Plain random weights barely react to the token a step is fed (the residual stream
+    carries the hidden state along), so the chain repeats one token. With q_proj tied to
+    k_proj each query scores its own key highest (same rotary position), so a step
+    attends mostly to the value built from the token it was fed.
+    """
+    torch.manual_seed(seed)
+    c = DraftConfig.from_target(model.config.get_text_config(), 512, 8192)
+    draft = Eagle3Draft(c, model.get_input_embeddings().weight.detach()).eval()
+    mapping = vocab.build({t: 1 for t in range(0, c.vocab_size, 96)}, 512, c.vocab_size)
+    draft.set_vocab(mapping["d2t"], mapping["t2d"])
+    attn = draft.midlayer.self_attn
+    with torch.no_grad():
+        keys = attn.k_proj.weight.view(c.num_key_value_heads, c.head_dim, -1)
+        groups = c.num_attention_heads // c.num_key_value_heads
+        attn.q_proj.weight.copy_(keys.repeat_interleave(groups, 0).reshape(attn.q_proj.weight.shape))
+        attn.o_proj.weight.mul_(8)
+    return draft
+
+
+def test_propose_chains_its_own_tokens_as_training_would(model, aux, heldout, greedy_outputs):
+    """Step j of a round is fed proposal j, as training feeds the token j+1 ahead."""
+    wide = _token_sensitive_draft(model, seed=5)
+    ids = heldout[1].input_ids + greedy_outputs[1]
+    states = _target_states(model, aux, ids)
+    end = len(heldout[1].input_ids)
+    seen: list[torch.Tensor] = []
+    hook = wide.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(out.reshape(-1)))
+    with torch.inference_mode():
+        proposals = sd.DraftState(wide, len(ids)).propose(states[0, :end], torch.tensor(ids[1 : end + 1]), 3)
+        hook.remove()
+        chained = ids[: end + 1] + proposals[:2].tolist()
+        train = _training_logits(wide, states[:, : len(chained)], torch.tensor([chained]), steps=3)
+    for step, logits in enumerate(train):
+        torch.testing.assert_close(seen[step], logits[end - 1])
+    assert proposals[0] != proposals[1]  # else feeding the wrong proposal could go unseen
+
+
+def test_decode_loop_feeds_the_draft_what_training_did(model, draft, aux, heldout, stops):
+    """Each round's draft logits equal training's at the last accepted position of the
+    final sequence: step 0 always, step 1 when the first proposal was right (only then
+    does training's shifted token equal what the draft was fed)."""
+    k = 3
+    rounds: list[int] = []
+    logits_seen: list[torch.Tensor] = []
+
+    def recording(proposals: list[int], best: list[int]) -> int:
+        rounds.append(sd.longest_agreeing_prefix(proposals, best))
+        return rounds[-1]
+
+    hook = draft.lm_head.register_forward_hook(lambda _m, _i, out: logits_seen.append(out.reshape(-1)))
+    try:
+        prompt = heldout[0].input_ids
+        run = sd.speculative(model, draft, aux, prompt, k, MAX_NEW, stops, accept=recording)
+    finally:
+        hook.remove()
+    ids = prompt + run.tokens
+    with torch.inference_mode():
+        train_logits = _training_logits(draft, _target_states(model, aux, ids), torch.tensor([ids]), steps=2)
+    last = len(prompt) - 1
+    for r, accepted in enumerate(rounds):
+        seen = logits_seen[r * k : (r + 1) * k]
+        torch.testing.assert_close(seen[0], train_logits[0][last], atol=1e-4, rtol=1e-4)
+        if accepted:
+            torch.testing.assert_close(seen[1], train_logits[1][last], atol=1e-4, rtol=1e-4)
+        last += accepted + 1
+    assert len(logits_seen) == k * len(rounds) and any(rounds)
+
+
+def test_broken_verification_is_caught_with_prompt_and_position(
+    model, draft, aux, heldout, stops, greedy_outputs
+):
+    def accept_everything(proposals: list[int], _best: list[int]) -> int:
+        return len(proposals)
+
+    settings = Settings(k=[3], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0)
+    broken = sd.speculative(model, draft, aux, heldout[1].input_ids, 3, MAX_NEW, stops, accept_everything)
+    at = next(i for i, (a, b) in enumerate(zip(greedy_outputs[1], broken.tokens, strict=False)) if a != b)
+    with pytest.raises(LosslessError) as caught:
+        benchmark_sets(model, draft, aux, {"tiny": heldout[1:]}, settings, accept=accept_everything)
+    message = str(caught.value)
+    assert f"prompt set 'tiny' prompt {heldout[1].id}, k=3" in message
+    assert f"position {at}: greedy {greedy_outputs[1][at]}, speculative {broken.tokens[at]}" in message
+    assert re.search(r"top-2 logit margin there: [0-9.e+-]+", message)
+
+
+# --- prompt sets and overlap ---------------------------------------------------------
+def _write_training(tmp: Path, questions: dict[str, str]) -> tuple[Path, Path]:
+    """A merged train.jsonl (ids only matter) and the responses.jsonl holding the prompts."""
+    responses = [
+        response_record(
+            prompt_id=sample_id,
+            dataset="chat",
+            index=i,
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}],
+            response="ok",
+            finish_reason="stop",
+            usage=Usage(1, 1),
+        )
+        for i, (sample_id, question) in enumerate(questions.items())
+    ]
+    atomic.write_jsonl(tmp / "responses.jsonl", responses)
+    train = [{"id": i, "dataset": "chat", "input_ids": [1], "loss_mask": [1]} for i in questions]
+    atomic.write_jsonl(tmp / "train.jsonl", train)
+    return tmp / "train.jsonl", tmp / "responses.jsonl"
+
+
+def _eval_prompt(prompt_id: str, text: str) -> EvalPrompt:
+    return EvalPrompt(prompt_id, 1, [{"role": "user", "content": text}], [])
+
+
+def test_overlap_refuses_a_case_and_whitespace_variant(tmp_path):
+    train, responses = _write_training(
+        tmp_path, {"chat-000000": "How do tides work?", "chat-000001": "Why is the sky blue?"}
+    )
+    training = training_prompts(train, [responses])
+    check_overlap({"heldout": [_eval_prompt("heldout-000000", "How do glaciers form?")]}, training)
+    planted = _eval_prompt("heldout-000001", "  WHY is the\tsky   ｂｌｕｅ? ")  # fullwidth: NFKC
+    with pytest.raises(OverlapError, match=r"prompt set 'heldout' row heldout-000001 .* chat-000001"):
+        check_overlap(
+            {"heldout": [_eval_prompt("heldout-000000", "How do glaciers form?"), planted]}, training
+        )
+
+
+def test_overlap_needs_every_training_prompt(tmp_path):
+    train, responses = _write_training(tmp_path, {"chat-000000": "How do tides work?"})
+    atomic.write_jsonl(train, [{"id": "chat-000000"}, {"id": "code-000004"}])
+    with pytest.raises(OverlapError, match="code-000004"):
+        training_prompts(train, [responses])
+
+
+def test_demo_heldout_set_is_disjoint_from_every_demo_dataset_row(demo_model_dir):
+    """Every row of the demo datasets, not just the merged ones: a later cap change must
+    not turn the shipped held-out set into training data."""
+    from draftsmith.datasets import load_prompts
+
+    formats = {"chat": "messages", "code": "prompt", "math": "sharegpt"}
+    training = {}
+    for name, fmt in formats.items():
+        entry = {
+            "path": str(REPO / f"resources/datasets/{name}.jsonl"),
+            "format": fmt,
+            "prompt_field": "prompt",
+        }
+        prompts: list[Prompt] = load_prompts(name, entry).prompts
+        training.update({prompt_hash(p.messages): p.id for p in prompts})
+    entry = {
+        "path": str(REPO / "resources/eval/heldout.jsonl"),
+        "format": "prompt",
+        "prompt_field": "prompt",
+        "max_prompts": None,
+    }
+    heldout = load_prompt_set("heldout", entry, target.load_tokenizer(demo_model_dir), None)
+    assert len(heldout) == 30
+    check_overlap({"heldout": heldout}, training)
+
+
+# --- the stage ------------------------------------------------------------------------
+def _stage_setup(tmp: Path, demo_model_dir: Path, model_info: dict, export_dir: Path, questions: list[str]):
+    set_path = tmp / "eval.jsonl"
+    set_path.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in PROMPTS))
+    data = tmp / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in questions))
+    config = cfg.validate(
+        {
+            "experiment": "test",
+            "artifacts_dir": str(tmp / "artifacts"),
+            "logs_dir": str(tmp / "logs"),
+            "model": {"source": {"kind": "hf_dir", "path": str(demo_model_dir)}, "probe_generation": False},
+            "datasets": {"chat": {"path": str(data), "format": "prompt"}},
+            "evaluate": {
+                "k": [1, 2],
+                "max_new_tokens": 8,
+                "warmup_prompts": 1,
+                "prompt_sets": {"tiny": {"path": str(set_path)}},
+            },
+        }
+    )
+    atomic.write_json(tmp / "model.json", model_info)
+    train, responses = _write_training(tmp, {f"chat-{i:06d}": q for i, q in enumerate(questions)})
+    inputs = {
+        "model": str(tmp / "model.json"),
+        "export_config": str(export_dir / "config.json"),
+        "merged": str(train),
+        "responses": [str(responses)],
+    }
+    out = tmp / "eval"
+    names = {"json": "benchmark.json", "md": "benchmark.md", "per_prompt": "per_prompt.jsonl"}
+    outputs = {key: str(out / name) for key, name in {**names, "manifest": "manifest.json"}.items()}
+    return config, inputs, outputs
+
+
+def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info, export_dir):
+    config, inputs, outputs = _stage_setup(
+        tmp_path, demo_model_dir, model_info, export_dir, ["How do tides work?"]
+    )
+    evaluate_draft(config, inputs, outputs)
+    bench = json.loads(Path(outputs["json"]).read_text())
+    assert set(bench) == {
+        "key",
+        "device",
+        "dtype",
+        "max_new_tokens",
+        "k",
+        "wall_s",
+        "lossless",
+        "prompt_sets",
+    }
+    assert bench["key"] == stages.plan_for(config).eval_key and bench["lossless"] is True
+    assert bench["k"] == [1, 2] and bench["device"].startswith("cpu")
+    tiny = bench["prompt_sets"]["tiny"]
+    assert tiny["prompts"] == len(PROMPTS)
+    assert set(tiny["baseline"]) == {"tokens", "seconds", "tokens_per_s"}
+    assert set(tiny["by_k"]) == {"1", "2"}
+    for k, result in tiny["by_k"].items():
+        assert set(result) == {
+            "acceptance_length",
+            "acceptance_rate",
+            "per_position",
+            "verify_steps",
+            "tokens",
+            "seconds",
+            "tokens_per_s",
+            "speedup",
+        }
+        assert len(result["per_position"]) == int(k)
+        assert result["tokens"] == tiny["baseline"]["tokens"]  # lossless: the same outputs
+        assert result["speedup"] == pytest.approx(result["tokens_per_s"] / tiny["baseline"]["tokens_per_s"])
+    rows = list(atomic.read_jsonl(outputs["per_prompt"]))
+    assert len(rows) == len(PROMPTS) * 3 and {r["k"] for r in rows} == {0, 1, 2}
+    table = Path(outputs["md"]).read_text()
+    assert "## tiny (2 prompts)" in table and table.count("x |") == 2
+    written = json.loads(Path(outputs["manifest"]).read_text())["files"]
+    assert set(written) == {"benchmark.json", "benchmark.md", "per_prompt.jsonl"}
+    assert not [p for p in Path(outputs["json"]).parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_stage_refuses_an_overlapping_set_before_writing(tmp_path, demo_model_dir, model_info, export_dir):
+    config, inputs, outputs = _stage_setup(
+        tmp_path, demo_model_dir, model_info, export_dir, ["repeat the word HELLO ten times."]
+    )
+    with pytest.raises(OverlapError, match="chat-000000"):
+        evaluate_draft(config, inputs, outputs)
+    assert not Path(outputs["json"]).parent.exists()

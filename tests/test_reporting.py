@@ -1,0 +1,456 @@
+"""draftsmith.reporting: figures, the benchmark summary, HTML pages, rule `report` and the HTML report.
+
+The benchmark input comes from rule `evaluate`; here it is a fixture in that rule's fixed
+schema (`fixture_benchmark`). The other inputs are built with the real report helpers
+(`draftsmith.report`, `draftsmith.extract.plan`) or mirror the real records field for field.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, snakemake, snakemake_cmd, workflow_config, write_rows
+from matplotlib.image import imread
+
+from draftsmith import atomic, report
+from draftsmith import config as cfg
+from draftsmith.extract import plan as extract_plan
+from draftsmith.reporting import build_report, plots
+from draftsmith.reporting.markdown import to_html
+from draftsmith.reporting.summary import benchmark_markdown
+from draftsmith.reporting.workflow import report_command
+from draftsmith.stages import plan_for
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURES = {
+    "acceptance_length": lambda inputs, path: plots.acceptance_length(inputs["benchmark"], path),
+    "acceptance_per_position": lambda inputs, path: plots.acceptance_per_position(inputs["benchmark"], path),
+    "throughput": lambda inputs, path: plots.throughput(inputs["benchmark"], path),
+    "training_loss": lambda inputs, path: plots.training_loss(inputs["records"], path),
+    "training_accuracy": lambda inputs, path: plots.training_accuracy(inputs["records"], path),
+    "data": lambda inputs, path: plots.data_report(inputs["data_report"], path),
+}
+
+
+# --- test inputs ---------------------------------------------------------------------
+def fixture_benchmark(lossless: bool = True) -> dict:
+    """A test input in rule `evaluate`'s benchmark.json schema: two prompt sets, k = 1..3."""
+
+    def result(k: int, accept: float) -> dict:
+        per_position = [round(accept**j, 4) for j in range(1, k + 1)]
+        length = 1 + sum(per_position)
+        seconds = round(8.0 / length * 1.1, 3)
+        return {
+            "acceptance_length": length,
+            "acceptance_rate": round(sum(per_position) / k, 4),
+            "per_position": per_position,
+            "verify_steps": round(96 / length),
+            "tokens": 96,
+            "seconds": seconds,
+            "tokens_per_s": round(96 / seconds, 3),
+            "speedup": round(8.0 / seconds, 4),
+        }
+
+    def prompt_set(prompts: int, accept: float) -> dict:
+        return {
+            "prompts": prompts,
+            "baseline": {"tokens": 96, "seconds": 8.0, "tokens_per_s": 12.0},
+            "by_k": {str(k): result(k, accept) for k in (1, 2, 3)},
+        }
+
+    return {
+        "key": "0123456789abcdef",
+        "device": "cpu",
+        "dtype": "float32",
+        "max_new_tokens": 32,
+        "k": [1, 2, 3],
+        "wall_s": 41.25,
+        "lossless": lossless,
+        "prompt_sets": {"chat": prompt_set(3, 0.7), "code": prompt_set(2, 0.5)},
+    }
+
+
+def fixture_data_report(costs: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """A data report built by draftsmith.report from per-stage counts, as rule `merge` does."""
+    rows = [
+        report.dataset_row(
+            name,
+            {"rows": 12, "bad_rows": bad, "samples": 10, "completion_tokens": 300 + i, "cost_usd": cost},
+            {
+                "tokens": 1000 + 100 * i,
+                "supervised_tokens": 300 + i,
+                "truncated": 0,
+                "dropped_no_supervised": 0,
+                "with_backend_ids": 10,
+                "roundtrip_mismatch_rate": 0.1,
+            },
+            merged=10,
+        )
+        for i, (name, bad, cost) in enumerate(zip(["alpha", "beta"], [0, 2], costs, strict=True))
+    ]
+    return {
+        "datasets": rows,
+        "total": report.totals(rows),
+        "excluded": [],
+        "experiment": "test",
+        "key": "fedcba9876543210",
+        "seed": 0,
+        "max_length": 256,
+    }
+
+
+def fixture_plan_report() -> dict:
+    plan = {"num_tokens": 2048, "num_samples": 20, "num_shards": 2, "shards": [{"num_tokens": 1024}] * 2}
+    extract = {"storage": "raw", "throughput_tok_s": None}
+    return extract_plan.report(plan, 64, "float32", extract, Path("."))
+
+
+def fixture_metrics(segments: int = 2, steps: int = 4, positions: int = 3) -> list[list[dict]]:
+    """Per segment, the records train_segment writes: one per step, then one validation."""
+    out = []
+    for segment in range(segments):
+        records = []
+        for step in range(segment * steps + 1, (segment + 1) * steps + 1):
+            loss_pos = [round(10 / step + j, 4) for j in range(positions)]
+            acc_pos = [round(min(0.05 * step / (j + 1), 1), 4) for j in range(positions)]
+            records.append(
+                {
+                    "kind": "train",
+                    "step": step,
+                    "epoch": step / steps,
+                    "loss": sum(0.8**j * x for j, x in enumerate(loss_pos)),
+                    "loss_pos": loss_pos,
+                    "acc_pos": acc_pos,
+                    "count_pos": [200] * positions,
+                    "lr": 1e-3,
+                    "grad_norm": 3.0,
+                    "tokens": 300,
+                    "samples": 4,
+                    "tok_s": 500.0,
+                    "time_s": 0.6,
+                }
+            )
+        last = records[-1]
+        val = {k: last[k] for k in ("step", "loss", "loss_pos", "acc_pos", "count_pos")}
+        records.append({"kind": "val", **val, "tokens": 120, "samples": 2})
+        out.append(records)
+    return out
+
+
+def fixture_train_summary(segments: list[list[dict]]) -> dict:
+    """train_summary.json's fields that the report reads (the real one has more)."""
+    train = [r for records in segments for r in records if r["kind"] == "train"]
+    val = [r for records in segments for r in records if r["kind"] == "val"]
+    last_segment = [r["step"] for r in segments[-1] if r["kind"] == "train"]
+    end_train = {k: train[-1][k] for k in ("loss", "loss_pos", "acc_pos")}
+    end_train["steps"] = [last_segment[0], last_segment[-1]]
+    return {
+        "steps": train[-1]["step"],
+        "epochs": 2.0,
+        "ttt_steps": len(train[0]["loss_pos"]),
+        "tokens_seen": sum(r["tokens"] for r in train),
+        "samples_seen": sum(r["samples"] for r in train),
+        "wall_s": 4.8,
+        "tok_s": 500.0,
+        "end": {"train": end_train, "val": val[-1]},
+    }
+
+
+def write_inputs(directory: Path, benchmark: dict, data_report: dict, segments: int = 2) -> dict:
+    """Every input of rule `report` as files, keyed as the rule names them."""
+    segments = fixture_metrics(segments)
+    metrics = [directory / f"metrics-{i:05d}.jsonl" for i in range(len(segments))]
+    for path, records in zip(metrics, segments, strict=True):
+        atomic.write_jsonl(path, records)
+    plan_report = fixture_plan_report()
+    files = {
+        "data_report": (directory / "data_report.json", json.dumps(data_report)),
+        "data_report_md": (directory / "data_report.md", report.markdown(data_report)),
+        "plan_report": (directory / "plan_report.json", json.dumps(plan_report)),
+        "plan_report_md": (directory / "plan_report.md", extract_plan.markdown(plan_report, "test")),
+        "train_summary": (directory / "train_summary.json", json.dumps(fixture_train_summary(segments))),
+        "benchmark": (directory / "benchmark.json", json.dumps(benchmark)),
+    }
+    for path, text in files.values():
+        atomic.write_text(path, text)
+    return {name: str(path) for name, (path, _) in files.items()} | {"metrics": [str(p) for p in metrics]}
+
+
+def rule_outputs(directory: Path) -> dict:
+    """Rule `report`'s outputs under `directory` (results/<experiment>), by output name."""
+    paths = {name: directory / "plots" / f"{name}.png" for name in FIGURES}
+    paths["data_plot"] = paths.pop("data")
+    paths |= {
+        "summary": directory / "benchmark.md",
+        "summary_html": directory / "benchmark.html",
+        "data_report_html": directory / "data_report.html",
+        "plan_report_html": directory / "plan_report.html",
+    }
+    return {name: str(path) for name, path in paths.items()}
+
+
+def png_chunks(data: bytes) -> list[bytes]:
+    """The chunk types of a PNG, checking each chunk's CRC."""
+    assert data[:8] == PNG_SIGNATURE
+    chunks, offset = [], 8
+    while offset < len(data):
+        length = int.from_bytes(data[offset : offset + 4], "big")
+        kind = data[offset + 4 : offset + 8]
+        body = data[offset + 8 : offset + 8 + length]
+        crc = int.from_bytes(data[offset + 8 + length : offset + 12 + length], "big")
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r}"
+        chunks.append(kind)
+        offset += 12 + length
+    return chunks
+
+
+# --- figures -------------------------------------------------------------------------
+def test_every_figure_is_a_valid_png_with_stable_bytes(tmp_path):
+    inputs = {
+        "benchmark": fixture_benchmark(),
+        "records": sum(fixture_metrics(), []),
+        "data_report": fixture_data_report(),
+    }
+    for name, draw in FIGURES.items():
+        first, second = tmp_path / f"{name}-1.png", tmp_path / f"{name}-2.png"
+        draw(inputs, first)
+        draw(inputs, second)
+        data = first.read_bytes()
+        chunks = png_chunks(data)
+        assert chunks[0] == b"IHDR" and chunks[-1] == b"IEND" and b"IDAT" in chunks
+        assert not {b"tEXt", b"iTXt", b"zTXt", b"tIME"} & set(chunks), f"{name}: metadata in the PNG"
+        height, width, _ = imread(first).shape
+        assert width >= 400 and height >= 300, name
+        assert data == second.read_bytes(), f"{name}: same inputs, different bytes"
+    assert not list(tmp_path.glob(".tmp-*")), "atomic writes left temp files"
+
+
+def test_cost_panel_appears_only_when_a_dataset_cost_money(tmp_path):
+    plots.data_report(fixture_data_report((0.0, 0.0)), tmp_path / "free.png")
+    plots.data_report(fixture_data_report((0.0, 1.25)), tmp_path / "paid.png")
+    free_width = imread(tmp_path / "free.png").shape[1]
+    paid_width = imread(tmp_path / "paid.png").shape[1]
+    assert paid_width == 2 * free_width  # a second panel of the same size
+
+
+def test_one_panel_per_prompt_set(tmp_path):
+    benchmark = fixture_benchmark()
+    plots.throughput(benchmark, tmp_path / "two.png")
+    benchmark["prompt_sets"] = {"chat": benchmark["prompt_sets"]["chat"]}
+    plots.throughput(benchmark, tmp_path / "one.png")
+    assert imread(tmp_path / "two.png").shape[1] == 2 * imread(tmp_path / "one.png").shape[1]
+
+
+# --- the summary and HTML pages ----------------------------------------------------------
+def summary_text(benchmark: dict) -> str:
+    train_summary = fixture_train_summary(fixture_metrics())
+    return benchmark_markdown("test", fixture_data_report(), fixture_plan_report(), train_summary, benchmark)
+
+
+def section(text: str, heading: str) -> str:
+    """The Markdown between `## <heading>` and the next heading."""
+    return text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+
+
+def table_row(text: str, first_cell: str) -> list[str]:
+    """The cells of the first table row of `text` whose first cell is `first_cell`."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row starting with {first_cell!r}")
+
+
+def test_summary_holds_the_input_numbers():
+    benchmark = fixture_benchmark()
+    text = summary_text(benchmark)
+    assert "**Lossless: yes.**" in text
+    assert "device cpu, dtype float32, up to 32 new tokens" in text
+    assert "k (draft tokens per verify step) in 1, 2, 3" in text
+    # Data totals: 2 datasets, 24 rows, 2 bad rows, 20 merged, 2,100 tokens, 601 supervised.
+    assert table_row(section(text, "Data"), "2")[:6] == ["2", "24", "2", "20", "2,100", "601"]
+    # Plan: 2 shards, 20 samples, 2,048 tokens stored raw.
+    plan_row = table_row(section(text, "Extraction plan"), "2")
+    stored = f"{fixture_plan_report()['bytes_needed'] / 1e9:.3f} GB"
+    assert plan_row[:5] == ["2", "20", "2,048", "raw", stored]
+    # Training: 8 steps of 300 tokens; end figures per TTT position from the last step.
+    training = section(text, "Training")
+    assert table_row(training, "8")[:3] == ["8", "2.00", "2,400"]
+    assert "token-weighted over steps 5-8" in training
+    last = fixture_metrics()[-1][-2]
+    for j in range(3):
+        row = table_row(training, str(j + 1))
+        assert row[1:3] == [f"{last['loss_pos'][j]:.3f}", f"{last['acc_pos'][j]:.3f}"]
+    # Benchmark: one section per prompt set, one row per k with the fixture's numbers.
+    for name, prompt_set in benchmark["prompt_sets"].items():
+        part = section(text, f"Prompt set `{name}`")
+        assert f"({prompt_set['prompts']} prompts)" in part
+        assert "96 tokens in 8.00 s, 12.0 tokens/s" in part
+        for k, result in prompt_set["by_k"].items():
+            row = table_row(part, k)
+            assert row[1] == f"{result['acceptance_length']:.2f}" and row[2] == str(int(k) + 1)
+            assert row[7] == f"{result['tokens_per_s']:.1f}" and row[8] == f"{result['speedup']:.2f}x"
+        best_k, best = max(prompt_set["by_k"].items(), key=lambda item: item[1]["speedup"])
+        assert f"Best: k={best_k}, {best['speedup']:.2f}x" in part
+
+
+def test_a_lossy_benchmark_is_flagged():
+    text = summary_text(fixture_benchmark(lossless=False))
+    assert "**Lossless: NO.**" in text and "Lossless: yes" not in text
+
+
+def test_html_pages_render_the_report_tables():
+    data_report = fixture_data_report()
+    data_report["datasets"][0]["dataset"] = "a<b>&c"
+    page = to_html(report.markdown(data_report), "Data report: test")
+    assert page.startswith("<!doctype html>") and "<title>Data report: test</title>" in page
+    assert page.count("<table>") == 1 and page.count("<tr>") == 1 + 2 + 1  # header, datasets, total
+    assert "<th>supervised</th>" in page and "<td>2,100</td>" in page
+    assert "a&lt;b&gt;&amp;c" in page and "<b>" not in page  # cells are escaped
+    assert "<code>fedcba9876543210</code>" in page
+    summary = to_html(summary_text(fixture_benchmark()), "Benchmark")
+    assert "<strong>Lossless: yes.</strong>" in summary and summary.count("<table>") == 6
+    assert "<h2>Prompt set <code>chat</code> (3 prompts)</h2>" in summary
+
+
+def test_build_report_writes_every_output(tmp_path):
+    inputs = write_inputs(tmp_path / "in", fixture_benchmark(), fixture_data_report())
+    outputs = rule_outputs(tmp_path / "results")
+    result = build_report({"experiment": "test"}, inputs, outputs)
+    assert result["lossless"] is True
+    for path in outputs.values():
+        assert Path(path).stat().st_size > 0, path
+    assert "# Benchmark report: test" in Path(outputs["summary"]).read_text()
+    assert "<td>2,048</td>" in Path(outputs["plan_report_html"]).read_text()  # plan tokens
+    assert "<td>601</td>" in Path(outputs["data_report_html"]).read_text()  # supervised total
+
+
+# --- the workflow --------------------------------------------------------------------
+def test_report_command_repeats_the_cli_run(tmp_path):
+    path = tmp_path / "report.html"
+    for program in ("/venv/bin/snakemake", "/venv/lib/site-packages/snakemake/__main__.py"):
+        args = ["-d", "work", "report", "--cores", "2"]
+        command = report_command([program, *args], path)
+        assert command == [sys.executable, "-m", "snakemake", *args, "--report", str(path)]
+    assert report_command(["/usr/bin/pytest", "-q"], path) is None  # not the CLI: nothing to repeat
+    assert report_command(["snakemake", "--report", "x.html", "--report-after-run"], path) is None
+    assert report_command(["snakemake", "--report=x.html"], path) is None
+
+
+def workdir_config(work: Path) -> dict:
+    """A test config; the model is absent, which is fine: only rule `report` runs."""
+    return workflow_config(work, work / "no-model", {"facts": write_rows(work / "facts.jsonl", ["Hi."])})
+
+
+# Parses the workflow with Snakemake's API (in a subprocess: the API changes directory and
+# logging) and prints how each output of rule `report` is flagged.
+MARKERS = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+from snakemake.io import get_flag_value, is_flagged
+
+snakefile, configfile, workdir = map(Path, sys.argv[1:])
+with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
+    config = ConfigSettings(configfiles=[configfile])
+    workflow = api.workflow(ResourceSettings(), config, snakefile=snakefile, workdir=workdir)
+    rule = workflow._workflow.get_rule("report")  # the parsed rule: no public accessor
+    marks = {}
+    for name, path in rule.output._allitems():
+        if not is_flagged(path, "report"):
+            marks[name] = None
+            continue
+        flag = get_flag_value(path, "report")
+        caption = str(flag.caption.get_path_or_uri(secret_free=True))
+        marks[name] = {"caption": caption, "category": flag.category, "labels": flag.labels}
+    print(json.dumps(marks))
+"""
+
+
+def test_rule_outputs_are_all_marked_for_the_report(tmp_path):
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(workdir_config(tmp_path)))
+    result = subprocess.run(
+        [sys.executable, "-c", MARKERS, str(REPO / "Snakefile"), str(config_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    marks = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(marks) == set(rule_outputs(tmp_path))
+    # benchmark.md is the Markdown of benchmark.html, which is the one shown.
+    assert marks.pop("summary") is None
+    for name, mark in marks.items():
+        assert mark is not None, f"{name} is not marked for the report"
+        caption = Path(mark["caption"]).resolve()
+        assert caption.is_file() and caption.parent == REPO / "report", name
+        assert mark["category"] in {"Benchmark", "Data", "Extraction plan", "Training"}
+        assert mark["labels"]["experiment"] == "test"
+
+
+def report_results(html: str) -> dict:
+    """The results table embedded in a Snakemake HTML report."""
+    return json.loads(re.search(r"var results = (\{.*?\});\n", html, re.S).group(1))
+
+
+@pytest.mark.slow
+def test_snakemake_report_shows_every_result(tmp_path):
+    """Rule `report` on upstream outputs placed at their planned paths, then the HTML report.
+
+    Upstream rules are not allowed to run (`--allowed-rules report`): their outputs are
+    the test inputs above, so this exercises the rule, the onsuccess hook and `--report`.
+    """
+    config = workdir_config(tmp_path)
+    plan = plan_for(cfg.validate(copy.deepcopy(config)))
+    inputs = write_inputs(tmp_path / "inputs", fixture_benchmark(), fixture_data_report(), plan.num_segments)
+    results = tmp_path / plan.results_dir
+    planned = {
+        "data_report": plan.merged_dir / "data_report.json",
+        "data_report_md": plan.merged_dir / "data_report.md",
+        "plan_report": results / "plan_report.json",
+        "plan_report_md": results / "plan_report.md",
+        "train_summary": plan.draft_dir / "train_summary.json",
+        "benchmark": plan.eval_dir / "benchmark.json",
+    } | {f"metrics-{i}": plan.metrics(i) for i in range(plan.num_segments)}
+    sources = inputs | {f"metrics-{i}": path for i, path in enumerate(inputs["metrics"])}
+    for name, path in planned.items():
+        atomic.write_text(path, Path(sources[name]).read_text())
+
+    run = snakemake(tmp_path, config, "report", "--allowed-rules", "report")
+    assert "draftsmith: writing the HTML report" in run.stderr
+    outputs = rule_outputs(results)
+    for path in outputs.values():
+        assert Path(path).stat().st_size > 0, path
+    assert (tmp_path / "logs" / "report" / "test.log").exists()
+    assert (tmp_path / "benchmarks" / "report" / "test.tsv").exists()
+
+    # The hook's report and one written by hand show the same results.
+    by_hook = report_results((results / "report.html").read_text())
+    explicit = subprocess.run(
+        snakemake_cmd(tmp_path, tmp_path / "config.yaml", "report", "--allowed-rules", "report")
+        + ["--report", str(tmp_path / "report.html")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert explicit.returncode == 0, explicit.stderr[-3000:]
+    html = (tmp_path / "report.html").read_text()
+    shown = report_results(html)
+    assert set(shown) == set(by_hook)
+    expected = {str(Path(p).relative_to(tmp_path)) for n, p in outputs.items() if n != "summary"}
+    assert set(shown) == expected
+    for path, entry in shown.items():
+        assert entry["caption"].strip(), f"{path}: no caption"
+        assert entry["mime_type"] == ("image/png" if path.endswith(".png") else "text/html")
+    assert "speed-up" in Path(outputs["summary_html"]).read_text()
+    assert "draftsmith run <strong>test</strong>" in html  # report/workflow.rst, rendered

@@ -1,0 +1,622 @@
+"""The SGLang serving benchmark: commands, refusals, payload parsing, arithmetic, server lifetimes.
+
+No GPU and no SGLang server here: payloads are built in the shape sglang 0.5.23 documents
+(see draftsmith.serving.metrics' docstring for the source file), and server lifetimes are
+checked against a small stand-in started through the same launch code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import write_rows
+
+from draftsmith import manifest
+from draftsmith.config import ConfigError, validate
+from draftsmith.errors import ServerError
+from draftsmith.process import free_port
+from draftsmith.serving import metrics
+from draftsmith.serving.bench import BenchPrompt, build_commands, run_benchmark, run_server, serve_benchmark
+from draftsmith.serving.command import (
+    ServeBenchError,
+    build_command,
+    check_draft,
+    check_environment,
+    check_extra_args,
+    serving_context,
+)
+
+MODEL = "/models/target"
+DRAFT = Path("/artifacts/export/0123456789abcdef/sglang")
+BASE = ["python3", "-m", "sglang.launch_server", "--model-path", MODEL,
+        "--host", "127.0.0.1", "--port", "31000", "--tp-size", "1"]  # fmt: skip
+
+
+def _config(tmp_path: Path, top: dict | None = None, **bench) -> dict:
+    """A validated config: serve_benchmark enabled with `bench` on top, other sections from `top`."""
+    prompts = write_rows(tmp_path / "held.jsonl", ["Name three colours.", "Count to five."])
+    config = {
+        "experiment": "serve-test",
+        "artifacts_dir": str(tmp_path / "artifacts"),
+        "model": {"source": {"kind": "hf_dir", "path": str(tmp_path / "target")}},
+        "datasets": {"train": {"path": str(prompts), "format": "prompt"}},
+        "evaluate": {"prompt_sets": {"held": {"path": str(prompts)}}},
+        "serve_benchmark": {"enabled": True, "prompt_set": "held", **bench},
+    }
+    return validate(config | (top or {}))
+
+
+def _bench(tmp_path: Path, **bench) -> dict:
+    return _config(tmp_path, **bench)["serve_benchmark"]
+
+
+# --- commands ---------------------------------------------------------------------------
+def test_baseline_and_chain_commands(tmp_path):
+    commands = build_commands(MODEL, DRAFT, _bench(tmp_path, k=[1, 3]), 31000)
+    assert commands == {
+        "baseline": BASE,
+        "k1": BASE + [
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFT),
+            "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "2",
+        ],
+        "k3": BASE + [
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFT),
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4",
+        ],
+    }  # fmt: skip
+
+
+def test_server_settings_then_extra_args(tmp_path):
+    extra = ["--disable-custom-all-reduce", "--trust-remote-code"]
+    sglang = {"python": "/opt/sglang/bin/python", "tp_size": 8, "mem_fraction_static": 0.85,
+              "context_length": 16384, "extra_args": extra}  # fmt: skip
+    top = {"export": {"serving_context": 16384}}
+    bench = _config(tmp_path, top, k=[7], num_draft_tokens=8, sglang=sglang)["serve_benchmark"]
+    assert build_command(MODEL, bench, 30500, draft_dir=DRAFT, k=7) == [
+        "/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", MODEL,
+        "--host", "127.0.0.1", "--port", "30500", "--tp-size", "8",
+        "--mem-fraction-static", "0.85", "--context-length", "16384",
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFT),
+        "--speculative-num-steps", "7", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "8",
+        "--disable-custom-all-reduce", "--trust-remote-code",
+    ]  # fmt: skip
+
+
+def test_sglang_parses_the_commands(tmp_path):
+    """Where SGLang is importable (not in the project venv), its own parser reads every command."""
+    server_args = pytest.importorskip("sglang.srt.server_args", reason="sglang is not installed here")
+    bench = _bench(tmp_path, k=[1, 4], sglang={"tp_size": 2, "context_length": 4096})
+    for name, cmd in build_commands(MODEL, DRAFT, bench, 31000).items():
+        args = server_args.prepare_server_args(cmd[3:])
+        assert (args.model_path, args.host, args.port, args.tp_size) == (MODEL, "127.0.0.1", 31000, 2)
+        assert args.context_length == 4096
+        k = None if name == "baseline" else int(name[1:])
+        assert args.speculative_algorithm == (k and "EAGLE3")
+        assert args.speculative_num_steps == k
+        assert args.speculative_draft_model_path == (k and str(DRAFT))
+        assert (args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (
+            (1, k + 1) if k else (None, None)
+        )
+
+
+# --- refusals ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("bench", "message"),
+    [
+        ({"speculative_algorithm": "EAGLE"}, r"serve_benchmark.speculative_algorithm: EAGLE with an EAGLE-3 "
+                                             r"draft \(LlamaForCausalLMEagle3\).*\(H\) instead of the three"),
+        ({"k": [3], "num_draft_tokens": 5}, r"serve_benchmark.num_draft_tokens: 5 for k=3: a chain of k "
+                                            r"verifies k\+1 tokens \(4\); SGLang would silently use 4"),
+        ({"k": [3, 4], "num_draft_tokens": 4}, r"num_draft_tokens: 4 for k=4"),
+        ({"eagle_topk": 2}, r"serve_benchmark.eagle_topk: 2: the benchmark measures chains \(topk 1\)"),
+        ({"prompt_set": "mtbench"}, r"serve_benchmark.prompt_set: 'mtbench' is not a set of "
+                                    r"evaluate.prompt_sets \(known: \['held'\]\)"),
+        ({"sglang": {"context_length": 16384}},
+         r"serve_benchmark.sglang.context_length \(16384\) exceeds the context the draft is exported "
+         r"for \(8192, export.serving_context"),
+        ({"sglang": {"extra_args": ["--speculative-token-map", "m.pt"]}},
+         r"serve_benchmark.sglang.extra_args: --speculative-token-map is refused"),
+    ],
+)  # fmt: skip
+def test_config_validation_refuses(tmp_path, bench, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(tmp_path, **bench)
+
+
+def test_config_validation_names_every_problem_at_once(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        _config(tmp_path, speculative_algorithm="EAGLE", eagle_topk=2)
+    assert "speculative_algorithm" in str(err.value) and "eagle_topk" in str(err.value)
+
+
+def test_disabled_block_is_not_checked(tmp_path):
+    config = _config(tmp_path)
+    config["serve_benchmark"] = {"enabled": False, "speculative_algorithm": "EAGLE"}
+    validate(config)  # nothing to refuse for a benchmark that does not run
+
+
+def test_serving_context_may_follow_the_exported_context(tmp_path):
+    _config(tmp_path, top={"export": {"serving_context": 16384}}, sglang={"context_length": 16384})
+    _config(tmp_path, sglang={"context_length": 8192})  # train.max_position_embeddings 8192 covers it
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--speculative-draft-load-format", "dummy"], "random draft weights"),
+        (["--speculative-accept-threshold-single=0.5"], "AL rises"),
+        (["--speculative-accept-threshold-acc", "0.5"], "AL rises"),
+        (["--speculative-adaptive"], "number of draft steps at run time"),
+        (["--speculative-adaptive-config", "a.json"], "number of draft steps at run time"),
+        (["--enable-multi-layer-eagle"], "multi-layer"),
+        (["--speculative-token"], "vocabulary map"),  # an argparse prefix of --speculative-token-map
+        (["--config", "server.yaml"], "set any of these flags unseen"),
+        (["--api-key", "s3cret"], "puts a secret in the config"),
+        (["--load-format", "dummy"], "--load-format dummy loads random weights"),
+        (["--load-format=dummy"], "--load-format dummy loads random weights"),
+        (["--speculative-num-steps", "5"], "duplicates --speculative-num-steps.*serve_benchmark.k"),
+        (["--speculative-draft-model", "/x"], "duplicates --speculative-draft-model"),
+        (["--speculative-algorithm=EAGLE"], "serve_benchmark.speculative_algorithm"),
+        (["--speculative-eagle-topk", "4"], "serve_benchmark.eagle_topk"),
+        (["--speculative-num-draft-tokens", "9"], "serve_benchmark.num_draft_tokens"),
+        (["--port", "1"], "serve_benchmark.sglang.port"),
+        (["--host", "0.0.0.0"], "serves on 127.0.0.1"),
+        (["--tp", "4"], "serve_benchmark.sglang.tp_size"),
+    ],
+)
+def test_extra_args_refused(extra, message):
+    with pytest.raises(ServeBenchError, match=message):
+        check_extra_args(["--disable-cuda-graph", *extra])
+
+
+def test_harmless_extra_args_pass():
+    check_extra_args(
+        ["--load-format", "safetensors", "--speculative-attention-mode", "decode", "--cuda-graph-max-bs", "8"]
+    )
+
+
+def _draft_dir(tmp_path: Path, **config) -> Path:
+    path = tmp_path / "sglang"
+    path.mkdir(exist_ok=True)
+    draft = {"architectures": ["LlamaForCausalLMEagle3"], "max_position_embeddings": 8192, **config}
+    (path / "config.json").write_text(json.dumps(draft))
+    return path
+
+
+def test_check_draft_against_its_config(tmp_path):
+    bench = _bench(tmp_path)
+    assert check_draft(_draft_dir(tmp_path), bench, 8192)["max_position_embeddings"] == 8192
+    with pytest.raises(
+        ServeBenchError, match=r"max_position_embeddings 2048 is below the serving context 8192"
+    ):
+        check_draft(_draft_dir(tmp_path, max_position_embeddings=2048), bench, 8192)
+    with pytest.raises(
+        ServeBenchError, match=r"names architectures \['LlamaForCausalLMEagle'\], not LlamaFor"
+    ):
+        check_draft(_draft_dir(tmp_path, architectures=["LlamaForCausalLMEagle"]), bench, 8192)
+    with pytest.raises(ServeBenchError, match="cannot read the draft's config"):
+        check_draft(tmp_path / "missing", bench, 8192)
+
+
+def test_check_draft_refuses_eagle_at_run_time(tmp_path):
+    bench = {**_bench(tmp_path), "speculative_algorithm": "EAGLE"}  # as if validation were skipped
+    with pytest.raises(ServeBenchError, match="EAGLE with an EAGLE-3 draft"):
+        check_draft(_draft_dir(tmp_path), bench, 8192)
+
+
+def test_serving_context_defaults_to_the_target(tmp_path):
+    assert serving_context(_bench(tmp_path), {"max_position_embeddings": 131072}) == 131072
+    assert serving_context(_bench(tmp_path, sglang={"context_length": 4096}), {}) == 4096
+    with pytest.raises(ServeBenchError, match="set serve_benchmark.sglang.context_length"):
+        serving_context(_bench(tmp_path), {})
+
+
+def test_simulated_acceptance_is_refused():
+    check_environment({})
+    with pytest.raises(ServeBenchError, match="SGLANG_SIMULATE_ACC_LEN=3.2 is set"):
+        check_environment({"SGLANG_SIMULATE_ACC_LEN": "3.2"})
+
+
+# --- payloads -----------------------------------------------------------------------------
+def _answer(rid: str, tokens: int, **spec) -> dict:
+    """A /generate answer in sglang 0.5.23's shape (tokenizer_manager.py), spec fields on top."""
+    meta = {
+        "id": rid, "finish_reason": {"type": "length", "length": tokens}, "prompt_tokens": 12,
+        "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0,
+        "completion_tokens": tokens, "cached_tokens": 0, "e2e_latency": 0.25, **spec,
+    }  # fmt: skip
+    return {"text": "one two three", "output_ids": list(range(tokens)), "meta_info": meta}
+
+
+def _spec(verify: int, tokens: int, k: int) -> dict:
+    correct = tokens - 1 - verify
+    return {"spec_verify_ct": verify, "spec_accept_length": tokens / verify,
+            "spec_accept_rate": correct / (verify * k), "spec_num_correct_drafts": correct,
+            "spec_num_proposed_drafts": verify * k}  # fmt: skip
+
+
+def test_parse_baseline_answer():
+    result = metrics.parse_response(_answer("p-1@c1", 64), rid="p-1@c1", k=None, seconds=0.5)
+    assert (result.id, result.tokens, result.verify_steps, result.server_seconds) == ("p-1", 64, 0, 0.25)
+    assert result.acceptance_length is None and result.text == "one two three"
+
+
+def test_parse_draft_answer():
+    result = metrics.parse_response(_answer("p@k3", 64, **_spec(20, 64, 3)), rid="p@k3", k=3, seconds=0.5)
+    assert (result.tokens, result.verify_steps, result.acceptance_length) == (64, 20, 3.2)
+
+
+def test_draft_answer_without_verify_count_is_an_error():
+    with pytest.raises(
+        ServeBenchError, match="64 tokens but no meta_info.spec_verify_ct: the draft server did not"
+    ):
+        metrics.parse_response(_answer("p", 64), rid="p", k=3, seconds=0.5)
+
+
+def test_one_token_draft_answer_has_no_verify_pass():
+    # SGLang adds the spec fields only when spec_verify_ct > 0; the prefill's token needs none.
+    assert metrics.parse_response(_answer("p", 1), rid="p", k=3, seconds=0.1).verify_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "k", "message"),
+    [
+        (_answer("p", 64, **_spec(20, 64, 3)), None, "from the baseline server: it speculates"),
+        (
+            _answer("p", 64, **_spec(10, 64, 3)),
+            3,
+            "64 tokens in 10 verify steps is impossible for a chain of k=3",
+        ),
+        (_answer("p", 64, spec_verify_ct=0), 3, "0 verify steps is impossible"),
+        (_answer("p", 4, **_spec(5, 4, 3)), 3, "4 tokens in 5 verify steps"),
+        (_answer("q", 64), None, r"meta_info.id is 'q' \(answers crossed\?\)"),
+        (
+            {"text": "x", "meta_info": {"id": "p", "completion_tokens": "64"}},
+            None,
+            "completion_tokens is '64'",
+        ),
+        ({"meta_info": {"id": "p", "completion_tokens": 3}}, None, "no text"),
+        ({"error": "boom"}, None, "has no meta_info"),
+        ([_answer("p", 3)], None, "has no meta_info"),
+    ],
+)
+def test_bad_answers(answer, k, message):
+    with pytest.raises(ServeBenchError, match=message):
+        metrics.parse_response(answer, rid="p", k=k, seconds=0.5)
+
+
+def test_request_is_greedy_and_sends_the_rendered_ids():
+    assert metrics.build_request("p@c1", [1, 2, 3], 32) == {
+        "rid": "p@c1",
+        "input_ids": [1, 2, 3],
+        "sampling_params": {"max_new_tokens": 32, "temperature": 0.0},
+    }
+
+
+# --- arithmetic ---------------------------------------------------------------------------
+def _result(rid: str, tokens: int, seconds: float, verify: int = 0, text: str = "t") -> metrics.RequestResult:
+    return metrics.RequestResult(rid, tokens, verify, seconds, None, text)
+
+
+def test_single_stream_rates_and_aggregate_acceptance():
+    # AL is summed tokens over summed steps: 9/2 and 1/1 give 10/3, not the mean of ratios 2.75.
+    run = metrics.PassResult(1, [_result("a", 9, 1.0, 2), _result("b", 1, 0.25, 1)], wall_s=9.0)
+    summary = metrics.summarize(run, speculative=True)
+    assert (summary["tokens"], summary["seconds"], summary["verify_steps"]) == (10, 1.25, 3)
+    assert summary["tokens_per_s"] == 8.0  # summed request times, not the wall time
+    assert summary["request_tokens_per_s"] == 6.5  # mean of 9/1 and 1/0.25
+    assert summary["acceptance_length"] == round(10 / 3, 4)
+    assert [r["acceptance_length"] for r in summary["per_request"]] == [4.5, 1.0]
+
+
+def test_concurrent_rate_is_total_throughput():
+    run = metrics.PassResult(4, [_result(str(i), 50, 2.0) for i in range(4)], wall_s=2.5)
+    summary = metrics.summarize(run, speculative=False)
+    assert (summary["tokens_per_s"], summary["request_tokens_per_s"]) == (80.0, 25.0)
+    assert "acceptance_length" not in summary
+
+
+def test_settings_pair_each_k_with_the_baseline():
+    baseline = {1: metrics.PassResult(1, [_result("a", 100, 2.0, text="x"), _result("b", 100, 2.0)], 4.0)}
+    draft = {
+        1: metrics.PassResult(1, [_result("a", 100, 1.0, 40, text="y"), _result("b", 100, 0.6, 30)], 1.6)
+    }
+    (row,) = metrics.settings(baseline, {3: draft})
+    assert (row["k"], row["concurrency"]) == (3, 1)
+    assert (row["baseline"]["tokens_per_s"], row["draft"]["tokens_per_s"]) == (50.0, 125.0)
+    assert row["speedup"] == 2.5
+    assert row["draft"]["acceptance_length"] == round(200 / 70, 4)
+    assert row["draft"]["same_output_as_baseline"] == 1
+    report = {"experiment": "e", "key": "k" * 16, "prompt_set": "held", "prompts": 2, "max_new_tokens": 100,
+              "settings": [row]}  # fmt: skip
+    assert "| 3 | 1 | 50.00 | 125.00 | 2.50x | 2.86 | 1/2 |" in metrics.markdown(report)
+
+
+def test_speedup():
+    assert metrics.speedup({"tokens_per_s": 90.0}, {"tokens_per_s": 82.3}) == round(82.3 / 90.0, 4)
+    assert metrics.speedup({"tokens_per_s": None}, {"tokens_per_s": 82.3}) is None
+
+
+# --- server lifetimes -------------------------------------------------------------------
+# Limits: SGLang needs a GPU, so a stand-in takes the place of `python -m
+# sglang.launch_server` (given as serve_benchmark.sglang.python). It forks a child (as
+# SGLang forks its scheduler and detokenizer), records both pids, and answers /health,
+# /flush_cache and /generate in sglang 0.5.23's payload shape: every request generates
+# max_new_tokens, and a chain of k accepts min(k, 2) drafts per verify step. This checks
+# launch, health wait, requests, parsing and teardown, not SGLang's numbers.
+FAKE_SGLANG = r"""#!{python}
+import http.server, json, math, os, sys, threading, time
+from pathlib import Path
+
+argv = sys.argv[1:]
+k = int(argv[argv.index("--speculative-num-steps") + 1]) if "--speculative-num-steps" in argv else None
+record = Path(os.environ["FAKE_RECORD"])
+if os.environ.get("FAKE_EXIT"):
+    print("fake sglang: failing on purpose", flush=True)
+    sys.exit(3)
+child = os.fork()
+if child == 0:
+    time.sleep(600)
+    os._exit(0)
+
+
+def running(pid):
+    try:
+        return Path(f"/proc/{{pid}}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# Servers of earlier settings still running now would mean no restart between settings.
+earlier = [pid for f in record.glob("*.json") for pid in json.loads(f.read_text())["pids"]]
+launch = {{"pids": [os.getpid(), child], "argv": argv, "earlier_running": [p for p in earlier if running(p)]}}
+(record / f"{{time.time_ns()}}.json").write_text(json.dumps(launch))
+print("fake sglang: ready", k, flush=True)
+bad_after = int(os.environ.get("FAKE_BAD_AFTER", "-1"))
+lock, served = threading.Lock(), [0]
+
+
+def answer(body):
+    with lock:
+        served[0] += 1
+        n = served[0]
+    if os.environ.get("FAKE_HANG"):
+        (record / "hanging").touch()
+        time.sleep(600)
+    tokens = body["sampling_params"]["max_new_tokens"]
+    meta = {{"id": body["rid"], "finish_reason": {{"type": "length", "length": tokens}},
+            "prompt_tokens": len(body["input_ids"]), "weight_version": "default",
+            "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": tokens,
+            "cached_tokens": 0}}
+    verify = 0
+    if k is not None and not 0 <= bad_after < n:
+        verify = math.ceil((tokens - 1) / (min(k, 2) + 1))
+        meta.update(spec_verify_ct=verify, spec_accept_length=tokens / verify,
+                    spec_num_correct_drafts=tokens - 1 - verify, spec_num_proposed_drafts=verify * k)
+    time.sleep(0.002 * (verify or tokens))
+    meta["e2e_latency"] = 0.002 * (verify or tokens)
+    text = " ".join(map(str, body["input_ids"][-3:]))
+    return {{"text": text, "output_ids": list(range(tokens)), "meta_info": meta}}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/flush_cache":
+            out = b"Cache flushed."
+        elif self.path == "/generate":
+            out = json.dumps(answer(json.loads(body))).encode()
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+port = int(argv[argv.index("--port") + 1])
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> Path:
+    """The stand-in's path; FAKE_RECORD collects one pid file per launch."""
+    path = tmp_path / "fake-sglang"
+    path.write_text(FAKE_SGLANG.format(python=sys.executable))
+    path.chmod(0o755)
+    (tmp_path / "record").mkdir()
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record"))
+    return path
+
+
+def _fake_bench(tmp_path: Path, fake: Path, **bench) -> dict:
+    sglang = {"python": str(fake), "startup_timeout_s": 30, "request_timeout_s": 30}
+    return _bench(
+        tmp_path, **{"k": [1, 3], "max_new_tokens": 13, "warmup_requests": 1, "sglang": sglang, **bench}
+    )
+
+
+def _launches(tmp_path: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "record").glob("*.json"))]
+
+
+def _running(pids: list[int]) -> list[int]:
+    """The pids among `pids` still running (zombies hold nothing and count as gone)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def _all_gone(tmp_path: Path, fake: Path) -> None:
+    pids = [pid for launch in _launches(tmp_path) for pid in launch["pids"]]
+    assert pids and _running(pids) == []
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _mentions(p, str(fake))]
+    assert _running([int(p.name) for p in leftovers]) == []  # the guard too
+
+
+def _mentions(proc: Path, marker: str) -> bool:
+    try:
+        return marker in (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+PROMPTS = [BenchPrompt("held-000000", [5, 6, 7, 8]), BenchPrompt("held-000001", [9, 10, 11])]
+
+
+def test_benchmark_against_a_stand_in_tears_every_server_down(tmp_path, fake):
+    bench = _fake_bench(tmp_path, fake, concurrency=[1, 2])
+    result = run_benchmark(MODEL, DRAFT, PROMPTS, bench, tmp_path / "logs", free_port())
+    launches = _launches(tmp_path)
+    assert [launch["argv"] for launch in launches] == [cmd[1:] for cmd in result["command"].values()]
+    assert list(result["command"]) == ["baseline", "k1", "k3"]
+    assert [launch["earlier_running"] for launch in launches] == [[], [], []]  # one server at a time
+    rows = {(s["k"], s["concurrency"]): s for s in result["settings"]}
+    assert sorted(rows) == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    # 13 tokens: the prefill's one, then 12 in steps of min(k, 2) + 1 tokens.
+    assert rows[1, 1]["draft"]["acceptance_length"] == round(26 / 12, 4)
+    assert rows[3, 2]["draft"]["acceptance_length"] == round(26 / 8, 4)
+    for row in rows.values():
+        base, draft = row["baseline"], row["draft"]
+        assert base["requests"] == draft["requests"] == 2 and base["tokens"] == draft["tokens"] == 26
+        assert row["speedup"] == round(draft["tokens_per_s"] / base["tokens_per_s"], 4)
+        assert draft["same_output_as_baseline"] == 2
+        assert [r["id"] for r in draft["per_request"]] == ["held-000000", "held-000001"]
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"baseline.log", "k1.log", "k3.log"}
+    assert "fake sglang: ready 3" in (tmp_path / "logs" / "k3.log").read_text()
+    _all_gone(tmp_path, fake)
+
+
+def test_a_failure_midway_tears_the_group_down(tmp_path, fake, monkeypatch):
+    # The draft server stops reporting verify steps after 3 answers (warmup + 2), with 2 in flight.
+    monkeypatch.setenv("FAKE_BAD_AFTER", "3")
+    bench = _fake_bench(tmp_path, fake, k=[3], concurrency=[1, 2])
+    with pytest.raises(
+        ServeBenchError, match="no meta_info.spec_verify_ct: the draft server did not speculate"
+    ):
+        run_benchmark(MODEL, DRAFT, PROMPTS, bench, tmp_path / "logs", free_port())
+    assert len(_launches(tmp_path)) == 2  # the baseline ran through, the draft failed midway
+    _all_gone(tmp_path, fake)
+
+
+def test_a_dead_server_is_reported_with_its_log(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_EXIT", "1")
+    bench = _fake_bench(tmp_path, fake)
+    port = free_port()
+    cmd, url, log_path = build_command(MODEL, bench, port), f"http://127.0.0.1:{port}", tmp_path / "b.log"
+    with pytest.raises(
+        ServerError, match=rf"exited with code 3 .*last lines of {log_path}:\nfake sglang: fail"
+    ):
+        run_server(cmd, url, PROMPTS, bench, k=None, log_path=log_path)
+
+
+# A job process: the draftsmith signal handlers and one benchmark, as the rule runs it.
+JOB = r"""
+import json, sys
+from pathlib import Path
+
+from draftsmith.jobs import install_signal_handlers
+from draftsmith.serving.bench import BenchPrompt, run_benchmark
+
+bench, port, logs = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+install_signal_handlers()
+run_benchmark("/models/target", Path("/drafts/d"), [BenchPrompt("p", [1, 2])], bench, logs, port)
+"""
+
+
+def test_sigterm_with_a_request_in_flight_tears_the_group_down(tmp_path, fake):
+    bench = _fake_bench(tmp_path, fake, k=[1])
+    env = {**os.environ, "FAKE_HANG": "1"}
+    cmd = [sys.executable, "-c", JOB, json.dumps(bench), str(free_port()), str(tmp_path / "logs")]
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "record" / "hanging").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read().decode()
+            time.sleep(0.1)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=30) != 0  # does not wait out the 30 s request timeout
+    finally:
+        job.kill()
+    _all_gone(tmp_path, fake)
+
+
+# --- the stage ----------------------------------------------------------------------------
+def test_stage_writes_report_manifest_and_logs(tmp_path, fake, demo_model_dir):
+    sglang = {"python": str(fake), "startup_timeout_s": 30, "request_timeout_s": 30}
+    config = _config(tmp_path, k=[2], max_new_tokens=7, warmup_requests=0, sglang=sglang)
+    config["model"]["source"]["path"] = str(demo_model_dir)
+    model = tmp_path / "artifacts" / "model" / "model.json"
+    model.parent.mkdir(parents=True)
+    model.write_text(json.dumps({"hf_dir": str(demo_model_dir)}))
+    draft = _draft_dir(tmp_path)
+    out = tmp_path / "artifacts" / "serve_bench" / "key"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "k9.log").write_text("a server log of an earlier, failed attempt\n")
+    outputs = {"json": str(out / "serve_benchmark.json"), "md": str(out / "serve_benchmark.md"),
+               "manifest": str(out / "manifest.json")}  # fmt: skip
+    report = serve_benchmark(
+        config, {"model": str(model), "draft_config": str(draft / "config.json")}, outputs
+    )
+
+    from draftsmith.stages import plan_for
+
+    assert json.loads(Path(outputs["json"]).read_text()) == report
+    assert report["key"] == plan_for(config).serve_bench_key
+    assert (report["prompt_set"], report["prompts"], report["max_new_tokens"]) == ("held", 2, 7)
+    (row,) = report["settings"]
+    assert set(row) == {"k", "concurrency", "baseline", "draft", "speedup"}
+    assert set(row["baseline"]) >= {"tokens_per_s", "requests", "tokens", "seconds"}
+    assert row["draft"]["acceptance_length"] == round(14 / 4, 4)  # 7 tokens: 1 + 2 steps of 3
+    k2 = report["command"]["k2"]
+    assert k2[k2.index("--speculative-draft-model-path") + 1] == str(draft)
+    assert "| 2 | 1 |" in Path(outputs["md"]).read_text()
+    written = manifest.read(outputs["manifest"])
+    assert written["stage"] == "serve_bench" and written["key"] == report["key"]
+    assert set(written["files"]) == {
+        "serve_benchmark.json",
+        "serve_benchmark.md",
+        "logs/baseline.log",
+        "logs/k2.log",
+    }
+    assert manifest.check(Path(outputs["manifest"])) == []
+    _all_gone(tmp_path, fake)
+
+
+def test_stage_refuses_a_prompt_over_the_context(tmp_path, fake, demo_model_dir):
+    config = _config(tmp_path, max_new_tokens=100, sglang={"python": str(fake), "context_length": 64})
+    config["model"]["source"]["path"] = str(demo_model_dir)
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"hf_dir": str(demo_model_dir)}))
+    inputs = {"model": str(model), "draft_config": str(_draft_dir(tmp_path) / "config.json")}
+    with pytest.raises(
+        ServeBenchError, match=r"prompt held-000000 of evaluate.prompt_sets.held: \d+ tokens \+ "
+    ):
+        serve_benchmark(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
+    assert _launches(tmp_path) == []  # refused before any server started
