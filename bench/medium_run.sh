@@ -14,7 +14,7 @@ fi
 if [ ! -f data/docs-train.jsonl ]; then
     python -m draftsmith.docstring_prompts --train data/docs-train.jsonl --heldout data/docs-heldout.jsonl \
         --min-train 10000 --heldout-count 64 \
-        --package numpy --package scipy --package torch --package transformers
+        --package numpy --package scipy --package torch --package transformers --package sympy --package pandas
 fi
 snakemake --configfile "$config" --cores "$(nproc)" --resources gpu=1 "$@"
 python bench/stage_times.py --configfile "$config"

@@ -58,6 +58,16 @@ def test_template_end_of_turn_is_im_end(tokenizer):
     assert prompt_ids[-len(eot["generation_prompt_tail_ids"]) :] == eot["generation_prompt_tail_ids"]
 
 
+def test_end_of_turn_found_when_only_flagged_special(tokenizer):
+    """transformers 5.17 loads the GGUF tokenizer with `<|im_end|>` flagged special among
+    the added tokens but absent from `all_special_tokens` (eos and pad `<|endoftext|>`)."""
+    copied = copy.deepcopy(tokenizer)
+    copied.eos_token = copied.pad_token = "<|endoftext|>"
+    assert IM_END not in copied.all_special_ids and copied.added_tokens_decoder[IM_END].special
+    assert special_tokens.special_vocab(copied)["<|im_end|>"] == IM_END
+    assert special_tokens.template_end_of_turn(copied)["ids"] == [IM_END]
+
+
 def test_single_id_check_passes_on_real_tokenizer(tokenizer):
     assert special_tokens.single_id_check(tokenizer) == {}
     for token in tokenizer.all_special_tokens:

@@ -25,6 +25,17 @@ def _as_list(value) -> list[int]:
     return [int(v) for v in (value if isinstance(value, list | tuple) else [value])]
 
 
+def special_vocab(tokenizer) -> dict[str, int]:
+    """Every special token and its id: the named ones (bos, eos, ...) and every added token
+    flagged special. transformers releases differ in which of these `all_special_tokens`
+    lists (5.17 omits a GGUF model's `<|im_end|>`), so both are read."""
+    found = dict(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=True))
+    for token_id, added in sorted(getattr(tokenizer, "added_tokens_decoder", {}).items()):
+        if getattr(added, "special", False):
+            found.setdefault(str(added), int(token_id))
+    return found
+
+
 def template_end_of_turn(tokenizer) -> dict:
     """The special token(s) the template puts right after an assistant reply."""
     rendered = tokenizer.apply_chat_template(
@@ -34,7 +45,7 @@ def template_end_of_turn(tokenizer) -> dict:
         raise ModelError("chat template dropped the assistant reply; cannot locate end of turn")
     suffix = rendered.split(_MARKER, 1)[1]
     suffix_ids = tokenizer(suffix, add_special_tokens=False)["input_ids"]
-    special = set(tokenizer.all_special_ids)
+    special = set(special_vocab(tokenizer).values())
     eot = []
     for token_id in suffix_ids:
         if token_id not in special:
@@ -78,7 +89,7 @@ def lookalikes(tokenizer, token_ids: list[int]) -> dict[str, list[int]]:
 def single_id_check(tokenizer) -> dict[str, list[int]]:
     """Each special token must encode to exactly one id; returns the offenders."""
     bad = {}
-    for token in tokenizer.all_special_tokens:
+    for token in special_vocab(tokenizer):
         ids = tokenizer(token, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
             bad[token] = ids
@@ -114,7 +125,7 @@ def inspect(tokenizer, generation_eos, configured: list[int] | None, model=None)
         "end_of_turn": eot,
         "generation_config_eos_ids": stop_ids,
         "lookalikes": lookalikes(tokenizer, eot["ids"]),
-        "special_tokens": dict(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=True)),
+        "special_tokens": special_vocab(tokenizer),
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,

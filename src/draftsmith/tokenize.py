@@ -16,6 +16,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from draftsmith import special_tokens
 from draftsmith.errors import TokenizeError
 
 log = logging.getLogger("draftsmith.tokenize")
@@ -49,7 +50,7 @@ class ChatTokenizer:
         self.eot_ids = list(eot_ids)
         self.eot_text = tokenizer.decode(self.eot_ids)
         self.max_length = max_length
-        specials = sorted(tokenizer.all_special_tokens, key=len, reverse=True)
+        specials = sorted(special_tokens.special_vocab(tokenizer), key=len, reverse=True)
         self._special_split = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
 
     def _ids(self, text: str) -> list[int]:
