@@ -62,15 +62,10 @@ import httpx
 import numpy as np
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.generate.sglang import (
-    base_launch_command,
-    check_owned_flags,
-    extra_flags,
-    owned_flags,
-    server_url,
-)
+from draftsmith.generate.sglang import base_launch_command, check_owned_flags, owned_flags, server_url
 from draftsmith.layers import AuxLayers, sglang_layer_ids
 from draftsmith.process import ManagedServer
+from draftsmith.sglang_args import abbreviates, canonical, flag_names, parse_flags
 
 SECTION = "extract.sglang"
 DEFAULTS = {
@@ -176,8 +171,8 @@ def _capture_flags(aux: AuxLayers, mode: CaptureMode) -> list[str]:
 
 
 def _check_extra_args(extra: list[str]) -> None:
-    for flag in extra_flags(extra):
-        if flag.startswith("--speculative") or (len(flag) > 2 and "--config".startswith(flag)):
+    for flag in flag_names(extra):
+        if flag.startswith("--speculative") or abbreviates(flag, "--config"):
             raise CaptureError(
                 f"{SECTION}.extra_args: {flag} is not allowed: the capture command sets the "
                 "speculative flags itself, and a --config file could change any flag unseen"
@@ -203,7 +198,7 @@ def validate_capture_command(
     cmd: list[str], aux: AuxLayers | None = None, *, target_config: dict | None = None
 ) -> CaptureMode:
     """Refuse a launch that would capture other states than asked; return the pass it runs."""
-    flags = _parse_flags(cmd)
+    flags = _flags(cmd)
     _refuse_anywhere(flags)
     mode = _mode_of(flags)
     if mode is CaptureMode.AUX:
@@ -213,27 +208,16 @@ def validate_capture_command(
     return mode
 
 
-def _parse_flags(cmd: list[str]) -> dict[str, list[list[str]]]:
+def _flags(cmd: list[str]) -> dict[str, list[list[str]]]:
     """Flag -> the value lists of each time it is given, flags spelled out as SGLang would."""
     args = list(cmd)
     if "sglang.launch_server" in args:
         args = args[args.index("sglang.launch_server") + 1 :]
     flags: dict[str, list[list[str]]] = {}
-    current: list[str] | None = None
-    for arg in args:
-        if arg.startswith("--"):
-            name, eq, value = arg.partition("=")
-            current = [value] if eq else []
-            flags.setdefault(_canonical(name), []).append(current)
-        elif current is not None:
-            current.append(arg)  # "-1" is a value: only "--" starts a flag
+    for name, values in parse_flags(args):
+        # `--disable-radix` is --disable-radix-cache: the checks below look up full names.
+        flags.setdefault(canonical(name, _KNOWN), []).append(values)
     return flags
-
-
-def _canonical(flag: str) -> str:
-    # SGLang's argparse takes unambiguous prefixes: `--disable-radix` is --disable-radix-cache.
-    matches = [known for known in _KNOWN if known.startswith(flag)]
-    return matches[0] if len(matches) == 1 and len(flag) > 2 else flag
 
 
 def _refuse_anywhere(flags: dict[str, list[list[str]]]) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.process import ManagedServer
+from draftsmith.sglang_args import abbreviates, flag_names
 
 if TYPE_CHECKING:
     from draftsmith.datasets import Prompt
@@ -63,17 +64,12 @@ def owned_flags(section: str) -> dict[str, str]:
     return owned | {flag: f"{section}.{key}" for flag, key in _OWNED_KEYS.items()}
 
 
-def extra_flags(extra: list[str]) -> list[str]:
-    """The flag names among extra args (`--x=1` gives `--x`; values are skipped)."""
-    return [arg.split("=", 1)[0] for arg in extra if arg.startswith("--")]
-
-
 def check_owned_flags(extra: list[str], owned: dict[str, str], section: str) -> None:
     """Refuse extra args that repeat a flag the builder sets, in any spelling SGLang accepts."""
-    for flag in extra_flags(extra):
-        # SGLang's argparse accepts unambiguous prefixes, so `--tp` means `--tp-size`.
-        matches = [known for known in owned if known.startswith(flag)]
-        if matches and len(flag) > 2:
+    for flag in flag_names(extra):
+        # `--tp` means `--tp-size`; a prefix of several is refused too (SGLang finds it ambiguous).
+        matches = [known for known in owned if abbreviates(flag, known)]
+        if matches:
             raise SGLangConfigError(
                 f"{section}.extra_args: {flag} duplicates {matches[0]}, which draftsmith "
                 f"sets itself; use {owned[matches[0]]} instead"
@@ -81,7 +77,7 @@ def check_owned_flags(extra: list[str], owned: dict[str, str], section: str) -> 
 
 
 def _check_extra_args(extra: list[str]) -> None:
-    for flag in extra_flags(extra):
+    for flag in flag_names(extra):
         if flag.startswith("--speculative"):
             raise SGLangConfigError(
                 f"{_SECTION}.extra_args: {flag} is not allowed: generation must run "

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.generate.sglang import base_launch_command, check_owned_flags, owned_flags
+from draftsmith.sglang_args import abbreviates, parse_flags
 
 SECTION = "serve_benchmark"
 SGLANG_SECTION = f"{SECTION}.sglang"
@@ -177,32 +178,16 @@ def check_extra_args(extra: list[str]) -> None:
         check_owned_flags(extra, owned_flags(SGLANG_SECTION) | _OWNED, SGLANG_SECTION)
     except DraftsmithError as exc:
         raise ServeBenchError(str(exc)) from None
-    for flag, value in _flag_uses(extra):
-        if _abbreviates(flag, _LOAD_FORMAT) and value == _RANDOM_WEIGHTS:
+    for flag, values in parse_flags(extra):
+        value = values[0] if values else None
+        if abbreviates(flag, _LOAD_FORMAT) and value == _RANDOM_WEIGHTS:
             raise ServeBenchError(
                 f"{SGLANG_SECTION}.extra_args: {flag} {value} loads random weights (for the draft "
                 "too): the benchmark would measure noise"
             )
-        refused = next((name for name in _REFUSED if _abbreviates(flag, name)), None)
+        refused = next((name for name in _REFUSED if abbreviates(flag, name)), None)
         if refused:
             raise ServeBenchError(f"{SGLANG_SECTION}.extra_args: {flag} is refused: it {_REFUSED[refused]}")
-
-
-def _flag_uses(extra: list[str]) -> list[tuple[str, str | None]]:
-    """(flag, its value or None) for each flag among extra args."""
-    uses = []
-    for i, arg in enumerate(extra):
-        if not arg.startswith("--"):
-            continue
-        flag, eq, value = arg.partition("=")
-        following = extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") else None
-        uses.append((flag, value if eq else following))
-    return uses
-
-
-def _abbreviates(flag: str, full: str) -> bool:
-    # SGLang's argparse accepts unambiguous prefixes of a flag.
-    return len(flag) > 2 and full.startswith(flag)
 
 
 def planned_draft_context(config: dict) -> int:
