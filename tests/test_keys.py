@@ -452,3 +452,42 @@ def test_segments_are_fixed_by_config(base, plan_of):
     assert plan.metrics(0) == plan.draft_dir / "metrics-00000.jsonl"
     assert plan.draft_dir == Path(base["artifacts_dir"]) / "draft" / plan.draft_key
     assert plan.draft_vocab_dir == Path(base["artifacts_dir"]) / "draft_vocab" / plan.draft_vocab_key
+
+
+def late_keys(plan: Plan) -> dict[str, str]:
+    return {"draft": plan.draft_key, "export": plan.export_key, "eval": plan.eval_key}
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "value"),
+    [
+        ("evaluate", "k", [1, 3]),
+        ("evaluate", "max_new_tokens", 32),
+        ("evaluate", "device", "cuda"),  # tokens/s are part of the result
+        ("evaluate", "dtype", "bfloat16"),
+    ],
+)
+def test_evaluation_settings_move_only_the_eval_key(base, plan_of, section, field, value):
+    before = late_keys(plan_of(base))
+    base[section] = {field: value}
+    after = late_keys(plan_of(base))
+    assert after["eval"] != before["eval"]
+    assert after["draft"] == before["draft"] and after["export"] == before["export"]
+
+
+def test_export_settings_move_export_and_eval(base, plan_of):
+    before = late_keys(plan_of(base))
+    base["export"] = {"dtype": "float32"}
+    after = late_keys(plan_of(base))
+    assert after["draft"] == before["draft"]
+    assert after["export"] != before["export"] and after["eval"] != before["eval"]
+
+
+def test_eval_prompt_set_content_moves_the_eval_key(tmp_path, base, plan_of):
+    held = write_dataset(tmp_path / "held.jsonl", ["a held-out prompt"])
+    base["evaluate"] = {"prompt_sets": {"held": {"path": str(held)}}}
+    before = late_keys(plan_of(base))
+    write_dataset(held, ["another held-out prompt"])
+    os.utime(held, ns=(1, 1))  # a new mtime: the hash cache rereads the file
+    after = late_keys(plan_of(base))
+    assert after["eval"] != before["eval"] and after["export"] == before["export"]

@@ -206,13 +206,14 @@ class Plan:
             }
             for name, entry in sorted(evaluate["prompt_sets"].items())
         }
-        # device, dtype and warmup change speed, not which tokens come out (greedy, lossless
-        # against the target in the same dtype); dtype can change the target's own greedy
-        # output, so it stays in the key.
+        # The results include tokens/s, so the device is part of the key (a CPU measurement
+        # must not stand in for a GPU one); dtype can change the target's own greedy output.
         return {
             "k": evaluate["k"],
             "max_new_tokens": evaluate["max_new_tokens"],
+            "device": evaluate["device"],
             "dtype": evaluate["dtype"],
+            "warmup_prompts": evaluate["warmup_prompts"],
             "prompt_sets": sets,
         }
 
