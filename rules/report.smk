@@ -17,7 +17,16 @@ rule report:
         plan_report_md=str(PLAN.results_dir / "plan_report.md"),
         train_summary=str(PLAN.draft_dir / "train_summary.json"),
         metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
-        benchmark=str(PLAN.eval_dir / "benchmark.json"),
+        benchmark=(
+            [str(PLAN.eval_dir / "benchmark.json")]
+            if config["evaluate"]["enabled"]
+            else []
+        ),
+        serve_benchmark=(
+            [str(PLAN.serve_bench_dir / "serve_benchmark.md")]
+            if config["serve_benchmark"]["enabled"]
+            else []
+        ),
     output:
         summary=str(PLAN.results_dir / "benchmark.md"),
         summary_html=reported(

@@ -333,6 +333,26 @@ def test_build_report_writes_every_output(tmp_path):
     assert "<td>601</td>" in Path(outputs["data_report_html"]).read_text()  # supervised total
 
 
+def test_report_without_built_in_evaluation_shows_the_serving_benchmark(tmp_path):
+    """evaluate.enabled: false (a target the HF evaluator cannot hold): every output is
+    still written, the figures say why they are empty, and the serving tables appear."""
+    inputs = write_inputs(tmp_path / "in", fixture_benchmark(), fixture_data_report())
+    inputs["benchmark"] = []
+    serving = tmp_path / "in" / "serve_benchmark.md"
+    serving.write_text("# Serving benchmark\n\n| k | acceptance length |\n|---|---|\n| 3 | 2.87 |\n")
+    inputs["serve_benchmark"] = [str(serving)]
+    outputs = rule_outputs(tmp_path / "results")
+    result = build_report({"experiment": "test"}, inputs, outputs)
+    assert result["lossless"] is None
+    for path in outputs.values():
+        assert Path(path).stat().st_size > 0, path
+    summary = Path(outputs["summary"]).read_text()
+    assert "`evaluate.enabled: false`" in summary and "Lossless" not in summary
+    assert "## Serving benchmark (SGLang)" in summary and "### Serving benchmark" in summary
+    assert "| 3 | 2.87 |" in summary
+    assert Path(outputs["acceptance_length"]).read_bytes() != Path(outputs["throughput"]).read_bytes()
+
+
 # --- the workflow --------------------------------------------------------------------
 def test_report_command_repeats_the_cli_run(tmp_path):
     path = tmp_path / "report.html"

@@ -42,6 +42,16 @@ def _panels(count: int, title: str) -> tuple[Figure, list[Axes]]:
     return fig, axes[:count]
 
 
+def not_measured(path: str | os.PathLike, title: str, reason: str) -> None:
+    """A figure that says why there is nothing to draw (the report's outputs are fixed)."""
+    fig = Figure(figsize=PANEL_SIZE, layout="constrained")
+    ax = fig.subplots()
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes)
+    save_png(fig, path)
+
+
 # --- benchmark ---------------------------------------------------------------------
 def acceptance_length(benchmark: dict, path: str | os.PathLike) -> None:
     """Mean accepted tokens per verify step against k, one line per prompt set."""

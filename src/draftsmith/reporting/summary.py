@@ -11,21 +11,40 @@ def by_k(prompt_set: dict) -> list[tuple[int, dict]]:
 
 
 def benchmark_markdown(
-    experiment: str, data_report: dict, plan_report: dict, train_summary: dict, benchmark: dict
+    experiment: str,
+    data_report: dict,
+    plan_report: dict,
+    train_summary: dict,
+    benchmark: dict | None,
+    serving: str | None = None,
 ) -> str:
+    """The run on one page. `benchmark` is the built-in evaluation (None when the config
+    turns it off); `serving` the serving benchmark's Markdown, when it ran."""
+    if benchmark is not None:
+        head = [_verdict(benchmark), _setup(benchmark)]
+        results = [_prompt_set(name, entry) for name, entry in sorted(benchmark["prompt_sets"].items())]
+    else:
+        head = ["No built-in evaluation in this config (`evaluate.enabled: false`).\n"]
+        results = []
+    if serving is not None:
+        results.append("## Serving benchmark (SGLang)\n\n" + _demote_headings(serving))
     sections = [
         f"# Benchmark report: {experiment}\n",
-        _verdict(benchmark),
-        _setup(benchmark),
+        *head,
         "## Data\n",
         _data(data_report),
         "## Extraction plan\n",
         _plan(plan_report),
         "## Training\n",
         _training(train_summary),
-        *(_prompt_set(name, entry) for name, entry in sorted(benchmark["prompt_sets"].items())),
+        *results,
     ]
     return "\n".join(sections)
+
+
+def _demote_headings(markdown: str) -> str:
+    """Nest another report's headings under this page's section."""
+    return "\n".join("##" + line if line.startswith("#") else line for line in markdown.splitlines()) + "\n"
 
 
 def _verdict(benchmark: dict) -> str:
