@@ -13,6 +13,11 @@ rule serve_benchmark:
         draft_config=str(PLAN.export_dir / "sglang" / "config.json"),
         draft_weights=str(PLAN.export_dir / "sglang" / "model.safetensors"),
         prompts=prompt_set_files(config),
+        merged=str(PLAN.merged_dir / "train.jsonl"),
+        responses=[
+            str(PLAN.responses_dir(n) / "responses.jsonl")
+            for n in PLAN.merged_datasets
+        ],
     output:
         json=str(PLAN.serve_bench_dir / "serve_benchmark.json"),
         md=str(PLAN.serve_bench_dir / "serve_benchmark.md"),

@@ -46,6 +46,29 @@ def write_rows(path: Path, prompts: list[str]) -> Path:
     return path
 
 
+def write_training(tmp: Path, questions: dict[str, str]) -> tuple[Path, Path]:
+    """A merged train.jsonl (ids only matter) and the responses.jsonl holding the prompts."""
+    from draftsmith import atomic
+    from draftsmith.generate.records import Usage, response_record
+
+    responses = [
+        response_record(
+            prompt_id=sample_id,
+            dataset="chat",
+            index=i,
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}],
+            response="ok",
+            finish_reason="stop",
+            usage=Usage(1, 1),
+        )
+        for i, (sample_id, question) in enumerate(questions.items())
+    ]
+    atomic.write_jsonl(tmp / "responses.jsonl", responses)
+    train = [{"id": i, "dataset": "chat", "input_ids": [1], "loss_mask": [1]} for i in questions]
+    atomic.write_jsonl(tmp / "train.jsonl", train)
+    return tmp / "train.jsonl", tmp / "responses.jsonl"
+
+
 def workflow_config(tmp: Path, model_dir: Path, datasets: dict[str, Path], **overrides) -> dict:
     """A tiny config for workflow tests: the real demo model, few short generations."""
     config = {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_training
 
 from draftsmith import atomic, stages, target
 from draftsmith import config as cfg
@@ -34,7 +35,6 @@ from draftsmith.evaluate.stage import (
     evaluate_draft,
     export_aux_layers,
 )
-from draftsmith.generate.records import Usage, response_record
 from draftsmith.layers import AuxLayers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,32 +274,12 @@ def test_broken_verification_is_caught_with_prompt_and_position(
 
 
 # --- prompt sets and overlap ---------------------------------------------------------
-def _write_training(tmp: Path, questions: dict[str, str]) -> tuple[Path, Path]:
-    """A merged train.jsonl (ids only matter) and the responses.jsonl holding the prompts."""
-    responses = [
-        response_record(
-            prompt_id=sample_id,
-            dataset="chat",
-            index=i,
-            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}],
-            response="ok",
-            finish_reason="stop",
-            usage=Usage(1, 1),
-        )
-        for i, (sample_id, question) in enumerate(questions.items())
-    ]
-    atomic.write_jsonl(tmp / "responses.jsonl", responses)
-    train = [{"id": i, "dataset": "chat", "input_ids": [1], "loss_mask": [1]} for i in questions]
-    atomic.write_jsonl(tmp / "train.jsonl", train)
-    return tmp / "train.jsonl", tmp / "responses.jsonl"
-
-
 def _eval_prompt(prompt_id: str, text: str) -> EvalPrompt:
     return EvalPrompt(prompt_id, 1, [{"role": "user", "content": text}], [])
 
 
 def test_overlap_refuses_a_case_and_whitespace_variant(tmp_path):
-    train, responses = _write_training(
+    train, responses = write_training(
         tmp_path, {"chat-000000": "How do tides work?", "chat-000001": "Why is the sky blue?"}
     )
     training = training_prompts(train, [responses])
@@ -312,7 +292,7 @@ def test_overlap_refuses_a_case_and_whitespace_variant(tmp_path):
 
 
 def test_overlap_needs_every_training_prompt(tmp_path):
-    train, responses = _write_training(tmp_path, {"chat-000000": "How do tides work?"})
+    train, responses = write_training(tmp_path, {"chat-000000": "How do tides work?"})
     atomic.write_jsonl(train, [{"id": "chat-000000"}, {"id": "code-000004"}])
     with pytest.raises(OverlapError, match="code-000004"):
         training_prompts(train, [responses])
@@ -366,7 +346,7 @@ def _stage_setup(tmp: Path, demo_model_dir: Path, model_info: dict, export_dir: 
         }
     )
     atomic.write_json(tmp / "model.json", model_info)
-    train, responses = _write_training(tmp, {f"chat-{i:06d}": q for i, q in enumerate(questions)})
+    train, responses = write_training(tmp, {f"chat-{i:06d}": q for i, q in enumerate(questions)})
     inputs = {
         "model": str(tmp / "model.json"),
         "export_config": str(export_dir / "config.json"),

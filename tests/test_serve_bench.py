@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_rows
+from conftest import write_rows, write_training
 
 from draftsmith import manifest
 from draftsmith.config import ConfigError, validate
 from draftsmith.errors import ServerError
+from draftsmith.evaluate.prompts import OverlapError
 from draftsmith.process import free_port
 from draftsmith.serving import metrics
 from draftsmith.serving.bench import BenchPrompt, build_commands, run_benchmark, run_server, serve_benchmark
@@ -581,9 +582,9 @@ def test_stage_writes_report_manifest_and_logs(tmp_path, fake, demo_model_dir):
     (out / "logs" / "k9.log").write_text("a server log of an earlier, failed attempt\n")
     outputs = {"json": str(out / "serve_benchmark.json"), "md": str(out / "serve_benchmark.md"),
                "manifest": str(out / "manifest.json")}  # fmt: skip
-    report = serve_benchmark(
-        config, {"model": str(model), "draft_config": str(draft / "config.json")}, outputs
-    )
+    train, responses = write_training(tmp_path, {"train-000000": "Name three animals."})
+    inputs = {"model": str(model), "draft_config": str(draft / "config.json")}
+    report = serve_benchmark(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
 
     from draftsmith.stages import plan_for
 
@@ -614,9 +615,24 @@ def test_stage_refuses_a_prompt_over_the_context(tmp_path, fake, demo_model_dir)
     config["model"]["source"]["path"] = str(demo_model_dir)
     model = tmp_path / "model.json"
     model.write_text(json.dumps({"hf_dir": str(demo_model_dir)}))
+    train, responses = write_training(tmp_path, {"train-000000": "Name three animals."})
     inputs = {"model": str(model), "draft_config": str(_draft_dir(tmp_path) / "config.json")}
+    inputs |= {"merged": str(train), "responses": [str(responses)]}
     with pytest.raises(
         ServeBenchError, match=r"prompt held-000000 of evaluate.prompt_sets.held: \d+ tokens \+ "
     ):
+        serve_benchmark(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
+    assert _launches(tmp_path) == []  # refused before any server started
+
+
+def test_stage_refuses_a_prompt_the_draft_was_trained_on(tmp_path, fake, demo_model_dir):
+    config = _config(tmp_path, sglang={"python": str(fake)})
+    config["model"]["source"]["path"] = str(demo_model_dir)
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"hf_dir": str(demo_model_dir)}))
+    train, responses = write_training(tmp_path, {"train-000007": "count to FIVE."})  # held row 1
+    inputs = {"model": str(model), "draft_config": str(_draft_dir(tmp_path) / "config.json")}
+    inputs |= {"merged": str(train), "responses": [str(responses)]}
+    with pytest.raises(OverlapError, match=r"prompt set 'held' row held-000001 .* train-000007"):
         serve_benchmark(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
     assert _launches(tmp_path) == []  # refused before any server started

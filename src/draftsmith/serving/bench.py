@@ -176,10 +176,12 @@ def prompt_set_files(config: dict) -> list[str]:
     return [str(path)] if path and path.exists() else []
 
 
-def load_prompts(config: dict, hf_dir: str, context: int) -> list[BenchPrompt]:
-    """The configured prompt set, rendered as the evaluator renders it, each checked to fit."""
+def load_prompts(config: dict, hf_dir: str, context: int, training: dict[str, str]) -> list[BenchPrompt]:
+    """The configured prompt set, rendered as the evaluator renders it, each checked to fit
+    and checked against the training prompts (`training`: prompt hash -> sample id), since
+    a prompt the draft was trained on inflates its acceptance length."""
     from draftsmith import target
-    from draftsmith.evaluate.prompts import load_prompt_set
+    from draftsmith.evaluate.prompts import check_overlap, load_prompt_set
 
     bench = config[SECTION]
     name = bench["prompt_set"]
@@ -187,6 +189,7 @@ def load_prompts(config: dict, hf_dir: str, context: int) -> list[BenchPrompt]:
     rendered = load_prompt_set(
         name, config["evaluate"]["prompt_sets"][name], tokenizer, config["generation"]["system_prompt"]
     )
+    check_overlap({name: rendered}, training)
     for prompt in rendered:
         if len(prompt.input_ids) + bench["max_new_tokens"] > context:
             raise ServeBenchError(
@@ -198,6 +201,7 @@ def load_prompts(config: dict, hf_dir: str, context: int) -> list[BenchPrompt]:
 
 def serve_benchmark(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
     """Rule `serve_benchmark`: baseline and draft servers for each k, the report and manifest."""
+    from draftsmith.evaluate.prompts import training_prompts
     from draftsmith.extract.sglang import read_target_config
     from draftsmith.gpus import acquire_gpus
     from draftsmith.stages import plan_for, read_model_info
@@ -210,7 +214,7 @@ def serve_benchmark(config: dict, inputs: dict, outputs: dict, log_file: str | N
     draft_dir = Path(inputs["draft_config"]).parent
     context = serving_context(bench, read_target_config(hf_dir))
     check_draft(draft_dir, bench, context)
-    prompts = load_prompts(config, hf_dir, context)
+    prompts = load_prompts(config, hf_dir, context, training_prompts(inputs["merged"], inputs["responses"]))
     logs_dir = Path(outputs["json"]).parent / LOGS_DIR
     shutil.rmtree(logs_dir, ignore_errors=True)  # server logs of an earlier, failed attempt
     with acquire_gpus(bench["sglang"]["tp_size"]):
