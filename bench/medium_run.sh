@@ -2,7 +2,7 @@
 # The medium run (configs/smollm2-medium-h200.yaml) on a machine with one GPU: builds the
 # docstring prompt sets, runs the whole pipeline, prints each stage's wall time.
 #   bench/medium_run.sh            # expects data/SmolLM2-135M-Instruct.Q4_1.gguf (or the wheel's)
-# Extra arguments go to snakemake (e.g. -n for a dry run).
+# Extra arguments go to snakemake (e.g. -n for a dry run). Run it again to continue.
 set -euo pipefail
 config=configs/smollm2-medium-h200.yaml
 gguf=data/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -16,5 +16,7 @@ if [ ! -f data/docs-train.jsonl ]; then
         --min-train 10000 --heldout-count 64 \
         --package numpy --package scipy --package torch --package transformers --package sympy --package pandas
 fi
+# A run cut short (a time limit, kill -9) leaves the lock: the rerun continues from what is done.
+snakemake --configfile "$config" --unlock >/dev/null 2>&1 || true
 snakemake --configfile "$config" --cores "$(nproc)" --resources gpu=1 "$@"
 python bench/stage_times.py --configfile "$config"
