@@ -33,6 +33,18 @@ def model_source_input(_wildcards):
     return [str(target)] if target.exists() else []
 
 
+def existing(paths):
+    """The paths that exist: a missing source is reported by the job that reads it, and
+    the dry run still shows the plan."""
+    return [str(p) for p in paths if Path(p).exists()]
+
+
+def prompt_set_paths(*names):
+    """The files of the named evaluate.prompt_sets (all of them when none is named)."""
+    sets = config["evaluate"]["prompt_sets"]
+    return existing(sets[n]["path"] for n in (names or sets) if n in sets)
+
+
 def dataset_source(wildcards):
     planned("responses", wildcards)  # refuses a key this config does not plan
     path = Path(config["datasets"][wildcards.dataset]["path"])

@@ -2,8 +2,6 @@
 # draft (chain speculative decoding, greedy, checked lossless against the target).
 # Logic: src/draftsmith/evaluate/. A prompt set that overlaps the training prompts fails.
 
-from draftsmith.evaluate.stage import evaluate_gpus
-
 
 rule evaluate:
     input:
@@ -16,12 +14,7 @@ rule evaluate:
             str(PLAN.responses_dir(n) / "responses.jsonl")
             for n in PLAN.merged_datasets
         ],
-        # A missing set is reported by the job; the dry run still shows the plan.
-        prompt_sets=[
-            s["path"]
-            for s in config["evaluate"]["prompt_sets"].values()
-            if Path(s["path"]).exists()
-        ],
+        prompt_sets=prompt_set_paths(),
     output:
         json=str(PLAN.eval_dir / "benchmark.json"),
         md=str(PLAN.eval_dir / "benchmark.md"),

@@ -4,15 +4,12 @@
 # the report.
 
 
-from draftsmith.serving.bench import prompt_set_files
-
-
 rule serve_benchmark:
     input:
         model=model_info_file(),
         draft_config=str(PLAN.export_dir / "sglang" / "config.json"),
         draft_weights=str(PLAN.export_dir / "sglang" / "model.safetensors"),
-        prompts=prompt_set_files(config),
+        prompts=prompt_set_paths(config["serve_benchmark"]["prompt_set"]),
         merged=str(PLAN.merged_dir / "train.jsonl"),
         responses=[
             str(PLAN.responses_dir(n) / "responses.jsonl")

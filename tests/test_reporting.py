@@ -23,7 +23,8 @@ from matplotlib.image import imread
 from draftsmith import atomic, report
 from draftsmith import config as cfg
 from draftsmith.extract import plan as extract_plan
-from draftsmith.reporting import build_report, plots
+from draftsmith.reporting import plots
+from draftsmith.reporting.build import build_report
 from draftsmith.reporting.markdown import to_html
 from draftsmith.reporting.summary import benchmark_markdown
 from draftsmith.reporting.workflow import report_command

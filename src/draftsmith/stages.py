@@ -546,6 +546,11 @@ def build_draft_vocab(config: dict, inputs: dict, outputs: dict, log_file: str |
 
 
 # --- draft training ------------------------------------------------------------------
+def evaluate_gpus(config: dict) -> int:
+    """GPUs the evaluate job holds (also its Snakemake `gpu` resource)."""
+    return 1 if config["evaluate"]["device"] == "cuda" else 0
+
+
 def train_gpus(config: dict) -> int:
     """GPUs one training segment job holds (also its Snakemake `gpu` resource)."""
     train = config["train"]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from draftsmith import atomic, gpus, jobs, manifest, target
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.prompts import EvalPrompt, check_overlap, load_prompt_set, training_prompts
+from draftsmith.stages import evaluate_gpus
 
 if TYPE_CHECKING:
     from draftsmith.draft.model import Eagle3Draft
@@ -50,11 +51,6 @@ class Settings:
     max_new_tokens: int
     stops: list[int]
     warmup_prompts: int
-
-
-def evaluate_gpus(config: dict) -> int:
-    """GPUs the evaluate job holds (also its Snakemake `gpu` resource)."""
-    return 1 if config["evaluate"]["device"] == "cuda" else 0
 
 
 def device_name(device) -> str:

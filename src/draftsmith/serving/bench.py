@@ -169,13 +169,6 @@ def _pass_line(run: metrics.PassResult, k: int | None) -> str:
 
 
 # --- the stage ---------------------------------------------------------------------------
-def prompt_set_files(config: dict) -> list[str]:
-    """The rule's prompt-set input: the file if it exists (a missing one is reported by the job)."""
-    entry = config["evaluate"]["prompt_sets"].get(config[SECTION]["prompt_set"])
-    path = Path(entry["path"]) if entry else None
-    return [str(path)] if path and path.exists() else []
-
-
 def load_prompts(config: dict, hf_dir: str, context: int, training: dict[str, str]) -> list[BenchPrompt]:
     """The configured prompt set, rendered as the evaluator renders it, each checked to fit
     and checked against the training prompts (`training`: prompt hash -> sample id), since
