@@ -4,32 +4,23 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, snakemake_cmd
 
 CONFIGS = [REPO / "config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]
 
 
-def smk(*args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(REPO),
-        "--nolock",
-        *args,
-    ]
+def smk(config: Path, *args: str) -> subprocess.CompletedProcess:
+    """The workflow over the repository itself, read-only (no lock), with `config`."""
+    cmd = snakemake_cmd(REPO, config, "--nolock", *args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_dry_run_shows_the_plan(config):
-    result = smk("--configfile", str(config), "-n", "data")
+    result = smk(config, "-n", "data")
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
     assert "Nothing to be done" in out or "merge" in out
@@ -43,7 +34,7 @@ def test_graph_renders_with_dot(config, graph):
     dot = shutil.which("dot")
     if dot is None:
         pytest.skip("graphviz is not installed (.ci/run installs it)")
-    result = smk("data", graph, "--configfile", str(config))
+    result = smk(config, "data", graph)
     assert result.returncode == 0 and result.stdout.lstrip().startswith("digraph"), result.stderr[-2000:]
     svg = subprocess.run([dot, "-Tsvg"], input=result.stdout, capture_output=True, text=True, check=True)
     assert "<svg" in svg.stdout and "merge" in svg.stdout
