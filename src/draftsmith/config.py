@@ -161,6 +161,12 @@ def enabled_datasets(config: dict, merged_only: bool = False) -> list[str]:
     return sorted(names)
 
 
+def export_serving_context(config: dict) -> int:
+    """The context the draft is exported for: export.serving_context, else the trained
+    train.max_position_embeddings (the export may raise it to the target's own)."""
+    return config["export"]["serving_context"] or config["train"]["max_position_embeddings"]
+
+
 def dataset_settings(config: dict, name: str) -> dict[str, Any]:
     """A dataset's entry with dataset_defaults and generation settings resolved."""
     entry = copy.deepcopy(config["datasets"][name])

@@ -192,10 +192,7 @@ class Plan:
         return {k: train[k] for k in SEMANTIC_TRAIN}
 
     def export_params(self) -> dict:
-        export = dict(self.config["export"])
-        if export["serving_context"] is None:
-            export["serving_context"] = self.config["train"]["max_position_embeddings"]
-        return export
+        return {**self.config["export"], "serving_context": cfg.export_serving_context(self.config)}
 
     def _eval_params(self) -> dict:
         evaluate = self.config["evaluate"]

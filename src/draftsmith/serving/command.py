@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from draftsmith.config import export_serving_context
 from draftsmith.errors import DraftsmithError
 from draftsmith.generate.sglang import base_launch_command, check_owned_flags, owned_flags
 from draftsmith.sglang_args import abbreviates, parse_flags
@@ -190,14 +191,9 @@ def check_extra_args(extra: list[str]) -> None:
             raise ServeBenchError(f"{SGLANG_SECTION}.extra_args: {flag} is refused: it {_REFUSED[refused]}")
 
 
-def planned_draft_context(config: dict) -> int:
-    """The least max_position_embeddings the export will write (it may add the target's own)."""
-    return config["export"]["serving_context"] or config["train"]["max_position_embeddings"]
-
-
 def _check_planned_context(config: dict) -> None:
     served = config[SECTION]["sglang"]["context_length"]
-    planned = planned_draft_context(config)
+    planned = export_serving_context(config)
     if served is not None and served > planned:
         raise ServeBenchError(
             f"{SGLANG_SECTION}.context_length ({served}) exceeds the context the draft is exported "
