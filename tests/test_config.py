@@ -105,6 +105,16 @@ def test_unknown_nested_key(raw):
     assert "unknown key generation.hf.batchsize (allowed: batch_size, device)" in message
 
 
+def test_extract_sglang_has_generation_launch_settings_and_refuses_others(raw):
+    raw["extract"] = {"backend": "sglang", "sglang": {"tp_size": 8}}
+    validated = cfg.validate(copy.deepcopy(raw))
+    launch = validated["extract"]["sglang"]
+    assert launch["tp_size"] == 8 and launch["port"] == 30000 and launch["request_timeout_s"] == 3600
+    assert launch.keys() - {"request_timeout_s"} == validated["generation"]["sglang"].keys()
+    raw["extract"]["sglang"]["tp"] = 8
+    assert "unknown key extract.sglang.tp" in error_of(raw)
+
+
 def test_unknown_key_in_dataset_generation_override(raw):
     raw["datasets"]["chat"]["generation"] = {"batch_size": 4}
     message = error_of(raw)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from draftsmith import config
 from draftsmith.errors import DraftsmithError
 from draftsmith.extract.sglang import (
     CaptureError,
@@ -44,6 +45,17 @@ KIMI = {
 }
 
 
+def launch(**settings) -> dict:
+    """extract.sglang as the workflow passes it: validated, the schema's defaults filled in."""
+    raw = {
+        "experiment": "t",
+        "model": {"source": {"kind": "hf_dir", "path": "unused"}},
+        "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
+        "extract": {"backend": "sglang", "sglang": settings},
+    }
+    return config.validate(raw)["extract"]["sglang"]
+
+
 def _model(tmp_path: Path, config: dict, name: str = "target") -> Path:
     path = tmp_path / name
     path.mkdir()
@@ -65,7 +77,7 @@ CAPTURE_TAIL = ["--disable-radix-cache", "--chunked-prefill-size", "-1"]
 
 
 def test_aux_command(llama):
-    cmd = build_capture_command(llama, {}, AuxLayers.default(30))
+    cmd = build_capture_command(llama, launch(), AuxLayers.default(30))
     assert cmd == _base(llama) + [
         "--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
         "--return-aux-hidden-state-layer-ids", "1", "14", "26", *CAPTURE_TAIL,
@@ -74,7 +86,7 @@ def test_aux_command(llama):
 
 
 def test_final_command(llama):
-    cmd = build_capture_command(llama, {}, AuxLayers.default(30), mode=CaptureMode.FINAL)
+    cmd = build_capture_command(llama, launch(), AuxLayers.default(30), mode=CaptureMode.FINAL)
     assert cmd == _base(llama) + ["--enable-return-hidden-states", *CAPTURE_TAIL]
     assert validate_capture_command(cmd) is CaptureMode.FINAL
 
@@ -82,7 +94,7 @@ def test_final_command(llama):
 def test_settings_and_extra_args_reach_the_command(llama):
     cfg = {"python": "/opt/sgl/bin/python", "port": 31000, "tp_size": 8, "mem_fraction_static": 0.8,
            "extra_args": ["--dtype", "bfloat16", "--trust-remote-code"]}  # fmt: skip
-    cmd = build_capture_command(llama, cfg, AuxLayers.default(30))
+    cmd = build_capture_command(llama, launch(**cfg), AuxLayers.default(30))
     assert cmd[:3] == ["/opt/sgl/bin/python", "-m", "sglang.launch_server"]
     assert cmd[cmd.index("--tp-size") + 1] == "8" and cmd[cmd.index("--port") + 1] == "31000"
     assert cmd[-3:] == ["--dtype", "bfloat16", "--trust-remote-code"]
@@ -91,7 +103,7 @@ def test_settings_and_extra_args_reach_the_command(llama):
 def test_kimi_default_layers_and_nested_text_config(tmp_path):
     kimi = _model(tmp_path, KIMI)
     assert read_target_config(kimi)["hidden_size"] == 7168
-    cmd = build_capture_command(kimi, {"tp_size": 8}, AuxLayers.default(61))
+    cmd = build_capture_command(kimi, launch(tp_size=8), AuxLayers.default(61))
     ids = cmd.index("--return-aux-hidden-state-layer-ids")
     assert cmd[ids + 1 : ids + 4] == ["1", "29", "57"]  # output-of: SGLang adds 1 itself
 
@@ -100,8 +112,8 @@ def test_deepseek_family_refuses_custom_layers_sglang_would_misread(tmp_path):
     kimi = _model(tmp_path, KIMI)
     # SGLang's DeepSeek-V2 hook adds 1 only when the first id is 1: [2, 30, 57] would be input-of.
     with pytest.raises(CaptureError, match="only when the first one is 1"):
-        build_capture_command(kimi, {}, AuxLayers.from_output_of([2, 30, 57], 61))
-    ok = build_capture_command(kimi, {}, AuxLayers.from_output_of([1, 20, 50], 61))
+        build_capture_command(kimi, launch(), AuxLayers.from_output_of([2, 30, 57], 61))
+    ok = build_capture_command(kimi, launch(), AuxLayers.from_output_of([1, 20, 50], 61))
     assert "50" in ok
 
 
@@ -123,15 +135,15 @@ def test_deepseek_family_refuses_custom_layers_sglang_would_misread(tmp_path):
 )
 def test_extra_args_that_would_change_the_capture_are_refused(llama, extra, message):
     with pytest.raises(CaptureError, match=message) as info:
-        build_capture_command(llama, {"extra_args": extra}, AuxLayers.default(30))
+        build_capture_command(llama, launch(extra_args=extra), AuxLayers.default(30))
     assert isinstance(info.value, DraftsmithError)
 
 
 def test_target_must_match_the_layers(tmp_path, llama):
     with pytest.raises(CaptureError, match="num_hidden_layers=30"):
-        build_capture_command(llama, {}, AuxLayers.default(32))
+        build_capture_command(llama, launch(), AuxLayers.default(32))
     with pytest.raises(CaptureError, match="cannot read the target's config"):
-        build_capture_command(tmp_path / "missing", {}, AuxLayers.default(30))
+        build_capture_command(tmp_path / "missing", launch(), AuxLayers.default(30))
 
 
 def _aux_cmd(*flags: str) -> list[str]:
@@ -305,7 +317,7 @@ def test_sglang_parses_the_commands(llama):
     """Where SGLang is installed (not here), its own parser must accept both commands."""
     server_args = pytest.importorskip("sglang.srt.server_args")
     for mode in CaptureMode:
-        cmd = build_capture_command(llama, {}, AuxLayers.default(30), mode=mode)
+        cmd = build_capture_command(llama, launch(), AuxLayers.default(30), mode=mode)
         args = server_args.prepare_server_args(cmd[3:])
         assert args.disable_radix_cache and args.chunked_prefill_size == -1
         assert args.enable_return_aux_hidden_states is (mode is CaptureMode.AUX)
@@ -368,7 +380,7 @@ def _expected(ids: list[int], width: int) -> np.ndarray:
 def test_capture_round_trip_and_teardown(tmp_path, llama, monkeypatch, mode, width):
     monkeypatch.setenv("FAKE_H", str(H))
     cfg = {"python": str(_fake_python(tmp_path)), "port": free_port(), "startup_timeout_s": 30}
-    capture = SGLangCapture(llama, cfg, AuxLayers.default(30), mode=mode, log_path=tmp_path / "log")
+    capture = SGLangCapture(llama, launch(**cfg), AuxLayers.default(30), mode=mode, log_path=tmp_path / "log")
     batch = [[5, 6, 7], [9, 8]]
     with capture:
         got = capture.capture(batch)
@@ -383,7 +395,7 @@ def test_a_single_layer_answer_fails_the_capture_and_stops_the_server(tmp_path, 
     monkeypatch.setenv("FAKE_H", str(H))
     monkeypatch.setenv("FAKE_SINGLE_LAYER", "1")
     cfg = {"python": str(_fake_python(tmp_path)), "port": free_port(), "startup_timeout_s": 30}
-    capture = SGLangCapture(llama, cfg, AuxLayers.default(30), log_path=tmp_path / "log")
+    capture = SGLangCapture(llama, launch(**cfg), AuxLayers.default(30), log_path=tmp_path / "log")
     with pytest.raises(CaptureError, match="one layer"), capture:
         capture.capture([[1, 2]])
     assert capture._server._stopped and capture._server._proc.poll() is not None

@@ -443,7 +443,7 @@ def extract_gpus(config: dict) -> int:
     """GPUs one extraction job holds (also its Snakemake `gpu` resource)."""
     extract_cfg = config["extract"]
     if extract_cfg["backend"] == "sglang":
-        return extract_cfg["sglang"].get("gpus", 1)
+        return extract_cfg["sglang"]["gpus"]
     return 1 if extract_cfg["device"].startswith("cuda") else 0
 
 

@@ -68,17 +68,6 @@ from draftsmith.process import ManagedServer
 from draftsmith.sglang_args import abbreviates, canonical, flag_names, parse_flags
 
 SECTION = "extract.sglang"
-DEFAULTS = {
-    "python": "python3",
-    "host": "127.0.0.1",
-    "port": 30000,
-    "tp_size": 1,
-    "mem_fraction_static": None,
-    "context_length": None,
-    "extra_args": [],
-    "startup_timeout_s": 1800,
-    "request_timeout_s": 3600,
-}
 
 AUX_FLAG = "--enable-return-aux-hidden-states"
 FINAL_FLAG = "--enable-return-hidden-states"
@@ -132,11 +121,6 @@ class CaptureError(DraftsmithError, ValueError):
     """A capture launch that would record the wrong states, or an answer that does not fit."""
 
 
-def with_defaults(sglang_cfg: dict | None) -> dict:
-    """extract.sglang with the defaults generation.sglang has in the schema."""
-    return {**DEFAULTS, **(sglang_cfg or {})}
-
-
 def read_target_config(model_dir: str | Path) -> dict:
     """The target's config.json, with the text model's settings on top for multimodal wrappers."""
     path = Path(model_dir) / "config.json"
@@ -151,8 +135,9 @@ def read_target_config(model_dir: str | Path) -> dict:
 def build_capture_command(
     model_dir: str | Path, sglang_cfg: dict, aux: AuxLayers, *, mode: CaptureMode = CaptureMode.AUX
 ) -> list[str]:
-    """The `sglang.launch_server` command for one capture pass of the target at `model_dir`."""
-    cfg = with_defaults(sglang_cfg)
+    """The `sglang.launch_server` command for one capture pass of the target at `model_dir`
+    (`sglang_cfg`: the validated extract.sglang, defaults filled in by the schema)."""
+    cfg = sglang_cfg
     extra = [str(arg) for arg in cfg["extra_args"]]
     _check_extra_args(extra)
     target = read_target_config(model_dir)
@@ -488,7 +473,7 @@ class SGLangCapture:
         mode: CaptureMode = CaptureMode.AUX,
         log_path: Path | None = None,
     ) -> None:
-        self.cfg = with_defaults(sglang_cfg)
+        self.cfg = sglang_cfg
         self.mode = mode
         self.cmd = build_capture_command(model_dir, self.cfg, aux, mode=mode)  # fail before launching
         self.hidden_size = int(read_target_config(model_dir)["hidden_size"])
