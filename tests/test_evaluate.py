@@ -17,7 +17,7 @@ from draftsmith import config as cfg
 from draftsmith.datasets import Prompt
 from draftsmith.draft import vocab
 from draftsmith.draft.export import export_sglang, load_sglang_export
-from draftsmith.draft.model import DraftConfig, Eagle3Draft, causal_bias, shift
+from draftsmith.draft.model import DraftConfig, Eagle3Draft, shift
 from draftsmith.evaluate import spec_decode as sd
 from draftsmith.evaluate.prompts import (
     EvalPrompt,
@@ -150,11 +150,10 @@ def _training_logits(draft: Eagle3Draft, aux_states: torch.Tensor, ids: torch.Te
     """Per TTT step, the draft's logits at every position, exactly as training computes them."""
     t = aux_states.shape[1]
     positions = torch.arange(t)[None]
-    causal = causal_bias(t, torch.ones(1, t, dtype=torch.long), torch.float32)
     hidden, cache, out = draft.fc(aux_states), ([], []), []
     for j in range(steps):
         embeds = draft.embed_tokens(shift(ids, j + 1))
-        hidden = draft.step(embeds, hidden, positions + j, cache, causal)
+        hidden = draft.step(embeds, hidden, positions + j, cache)
         out.append(draft.logits(hidden)[0])
     return out
 

@@ -28,7 +28,7 @@ from draftsmith.draft.export import (
     validate_sglang,
     validate_vllm,
 )
-from draftsmith.draft.model import DraftConfig, Eagle3Draft, causal_bias
+from draftsmith.draft.model import DraftConfig, Eagle3Draft
 from draftsmith.errors import DraftsmithError
 from draftsmith.hashing import sha256_file
 from draftsmith.layers import AuxLayers
@@ -131,13 +131,7 @@ def one_step_logits(model: Eagle3Draft, seed: int = 7) -> torch.Tensor:
     aux = torch.randn(1, t, 3 * H, generator=gen)
     ids = torch.randint(0, VOCAB, (1, t), generator=gen)
     with torch.no_grad():
-        hidden = model.step(
-            model.embed_tokens(ids),
-            model.fc(aux),
-            torch.arange(t)[None],
-            ([], []),
-            causal_bias(t, torch.ones(1, t, dtype=torch.long), torch.float32),
-        )
+        hidden = model.step(model.embed_tokens(ids), model.fc(aux), torch.arange(t)[None], ([], []))
         return model.logits(hidden)
 
 

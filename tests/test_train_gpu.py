@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from test_train import hidden, read_records, spec  # noqa: F401 (fixtures)
+from test_train import assert_ttt_attention_matches_explicit, hidden, read_records, spec  # noqa: F401 (fixtures)
 
 from draftsmith.draft import train
 
@@ -30,6 +30,13 @@ def assert_close_records(a: list[dict], b: list[dict], rel: float) -> None:
     ]
     for x, y in zip(a, b, strict=True):
         assert math.isclose(x["loss"], y["loss"], rel_tol=rel), (x["step"], x["loss"], y["loss"])
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 3e-2), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_ttt_attention_on_the_cuda_kernels(steps, dtype, tol):
+    """FlashAttention (bfloat16) and the memory-efficient kernel (float32)."""
+    assert_ttt_attention_matches_explicit(steps, dtype, "cuda", tol)
 
 
 def test_torchrun_nccl_on_one_gpu_equals_one_process(gpu_spec, tmp_path):

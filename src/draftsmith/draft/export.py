@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import TMP_PREFIX, fsync_dir
-from draftsmith.draft.model import DraftConfig, Eagle3Draft, causal_bias
+from draftsmith.draft.model import DraftConfig, Eagle3Draft
 from draftsmith.errors import DraftsmithError
 from draftsmith.hashing import sha256_file
 from draftsmith.layers import INPUT_OF, OUTPUT_OF, AuxLayers, sglang_layer_ids
@@ -851,12 +851,11 @@ def _sample_logits(model: Eagle3Draft) -> torch.Tensor:
     aux = torch.randn(1, t, 3 * _target_hidden(c), generator=gen)
     ids = torch.randint(0, c.vocab_size, (1, t + _SAMPLE_STEPS), generator=gen)
     positions = torch.arange(t)[None]
-    causal = causal_bias(t, torch.ones(1, t, dtype=torch.long), torch.float32)
     hidden = model.fc(aux)
     cache: tuple[list, list] = ([], [])
     out = []
     for j in range(_SAMPLE_STEPS):
         embeds = model.embed_tokens(ids[:, j + 1 : j + 1 + t])
-        hidden = model.step(embeds, hidden, positions + j, cache, causal)
+        hidden = model.step(embeds, hidden, positions + j, cache)
         out.append(model.logits(hidden))
     return torch.stack(out).float()

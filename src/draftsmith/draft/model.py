@@ -23,7 +23,6 @@ from torch import nn
 from draftsmith.draft.attention import ttt_attention
 
 STEP_DECAY = 0.8
-MASKED = -1e9  # additive attention bias of a masked key (finite: fully masked rows stay finite)
 
 
 @dataclass
@@ -115,16 +114,16 @@ class Attention(nn.Module):
         cos, sin = cos[:, None], sin[:, None]
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def heads(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
+    def heads(self, q, keys: list[torch.Tensor], values: list[torch.Tensor]):
         """q attends causally to step 0 (keys[0]) and to its own position in later steps;
         returns the heads' outputs (B, T, heads * d), before o_proj (see attention.py)."""
-        out = ttt_attention(q, keys, values, causal)
+        out = ttt_attention(q, keys, values)
         b, h, n, d = out.shape
         return out.transpose(1, 2).reshape(b, n, h * d)
 
-    def attend(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], causal: torch.Tensor):
+    def attend(self, q, keys: list[torch.Tensor], values: list[torch.Tensor]):
         """q attends causally to step 0 (keys[0]) and to its own position in later steps."""
-        return self.o_proj(self.heads(q, keys, values, causal))
+        return self.o_proj(self.heads(q, keys, values))
 
 
 def _scatter(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -171,10 +170,9 @@ class Eagle3Draft(nn.Module):
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
 
-    def step(
-        self, embeds, hidden, positions, cache: tuple[list, list], causal, rows: torch.Tensor | None = None
-    ):
+    def step(self, embeds, hidden, positions, cache: tuple[list, list], rows: torch.Tensor | None = None):
         """One draft step; appends this step's keys/values to `cache`; returns the new hidden.
+        Batches are right-padded (attention is causal and reads no mask).
 
         `rows` ((B, T) bool) limits the work to those positions: the others keep `hidden`
         and get zero keys and values. Only for a TTT step after the first, where a
@@ -188,13 +186,13 @@ class Eagle3Draft(nn.Module):
             q, k, v = attn.project(x, positions)
             cache[0].append(k)
             cache[1].append(v)
-            h = hidden + attn.attend(q, cache[0], cache[1], causal)
+            h = hidden + attn.attend(q, cache[0], cache[1])
             return h + layer.mlp(layer.post_attention_layernorm(h))
         x = torch.cat([layer.input_layernorm(embeds[rows]), layer.hidden_norm(hidden[rows])], dim=-1)
         q, k, v = attn.project(x, positions, rows)
         cache[0].append(k)
         cache[1].append(v)
-        h = hidden[rows] + attn.o_proj(attn.heads(q, cache[0], cache[1], causal)[rows])
+        h = hidden[rows] + attn.o_proj(attn.heads(q, cache[0], cache[1])[rows])
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         out = hidden.clone()
         out[rows] = h
@@ -202,13 +200,6 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
-
-
-def causal_bias(length: int, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    allowed = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
-    allowed = allowed[None] & attention_mask[:, None, :].bool()
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return bias.masked_fill(~allowed, MASKED)[:, None]
 
 
 def shift(x: torch.Tensor, by: int) -> torch.Tensor:
@@ -280,7 +271,6 @@ def ttt_sums(
         row_of[needed] = torch.arange(int(needed.sum()), device=input_ids.device)
         target_probs = torch.softmax(_draft_vocab_logits(draft, full_head, final[needed]), dim=-1)
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
-    causal = causal_bias(t, attention_mask, aux.dtype)
     valids = [valid_positions(loss_mask, attention_mask, in_vocab, j) for j in range(steps)]
     # Step j (j >= 1) needs only positions scored at step j or later; step 0 computes every
     # position, since every position's step-0 keys are attended to.
@@ -296,7 +286,7 @@ def ttt_sums(
     for j in range(steps):
         tokens = shift(input_ids, j + 1)  # token t+j+1 at position t
         embeds = draft.embed_tokens(tokens).to(hidden.dtype)
-        hidden = draft.step(embeds, hidden, positions + j, cache, causal, rows[j])
+        hidden = draft.step(embeds, hidden, positions + j, cache, rows[j])
         valid = valids[j]
         # The head and the loss only where they count (the hidden state feeds the next step everywhere).
         logits = draft.logits(hidden[valid]).float()
