@@ -93,13 +93,17 @@ def matmul_tflops() -> float:
 
 def step_flops(trainer: train.Trainer) -> float:
     """FLOPs one training step executes (matrix products and attention), counted by torch;
-    the counted step is a real one, so the run continues from it."""
+    the counted step is a real one, so the run continues from it. Torch counts a causal
+    attention kernel's whole T x T square; only the half on and below the diagonal is
+    computed, so those kernels count half."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
         trainer.train_step()
-    return float(counter.get_total_flops())
+    counts = counter.get_flop_counts()["Global"]
+    causal = sum(flops for op, flops in counts.items() if "scaled_dot_product" in str(op))
+    return float(counter.get_total_flops() - causal / 2)
 
 
 def print_costliest_ops(trainer: train.Trainer, count: int, cuda: bool) -> None:

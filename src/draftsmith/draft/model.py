@@ -100,15 +100,15 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None = None):
         """q, k, v as (B, heads, T, d), rotary applied. `x` is (B, T, 2H); or, with `rows`
-        ((B, T) bool), (N, 2H) for just those positions, the others left zero."""
+        (flat indices into the B x T positions), (N, 2H) for just those positions, the
+        others left zero."""
         c = self.c
         projections = (self.q_proj, self.k_proj, self.v_proj)
+        b, t = positions.shape
         if rows is None:
-            b, t, _ = x.shape
             parts = [proj(x) for proj in projections]
         else:
-            b, t = rows.shape
-            parts = [_scatter(proj(x), rows) for proj in projections]
+            parts = [_scatter(proj(x), rows, b, t) for proj in projections]
         q, k, v = (part.view(b, t, -1, c.head_dim).transpose(1, 2) for part in parts)
         cos, sin = rotary(positions, c.head_dim, c.rope_theta)
         cos, sin = cos[:, None], sin[:, None]
@@ -126,11 +126,23 @@ class Attention(nn.Module):
         return self.o_proj(self.heads(q, keys, values))
 
 
-def _scatter(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """(N, D) values at the True positions of `rows` (B, T), zeros elsewhere: (B, T, D)."""
-    out = values.new_zeros(*rows.shape, values.shape[-1])
-    out[rows] = values
-    return out
+def _scatter(values: torch.Tensor, rows: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """(N, D) values at the flat positions `rows` of a (B, T, D) tensor, zeros elsewhere."""
+    return values.new_zeros(b * t, values.shape[-1]).index_copy(0, rows, values).view(b, t, -1)
+
+
+def _gather(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(N, D): the flat positions `rows` of a (B, T, D) tensor. Integer indices, unlike a
+    boolean mask, need no host sync."""
+    return x.flatten(0, 1).index_select(0, rows)
+
+
+def flat_indices(masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each (B, T) bool mask's True positions as flat indices, for all masks in two host
+    syncs (rather than one per boolean index)."""
+    stacked = torch.stack([m.reshape(-1) for m in masks])
+    counts = stacked.sum(1).tolist()
+    return list(stacked.nonzero()[:, 1].split(counts))
 
 
 class MLP(nn.Module):
@@ -174,8 +186,8 @@ class Eagle3Draft(nn.Module):
         """One draft step; appends this step's keys/values to `cache`; returns the new hidden.
         Batches are right-padded (attention is causal and reads no mask).
 
-        `rows` ((B, T) bool) limits the work to those positions: the others keep `hidden`
-        and get zero keys and values. Only for a TTT step after the first, where a
+        `rows` (flat indices into B x T) limits the work to those positions: the others
+        keep `hidden` and get zero keys and values. Only for a TTT step after the first, where a
         position's keys are read by that position alone and positions that are never
         scored again need no new state.
         """
@@ -188,15 +200,14 @@ class Eagle3Draft(nn.Module):
             cache[1].append(v)
             h = hidden + attn.attend(q, cache[0], cache[1])
             return h + layer.mlp(layer.post_attention_layernorm(h))
-        x = torch.cat([layer.input_layernorm(embeds[rows]), layer.hidden_norm(hidden[rows])], dim=-1)
+        before = _gather(hidden, rows)
+        x = torch.cat([layer.input_layernorm(_gather(embeds, rows)), layer.hidden_norm(before)], dim=-1)
         q, k, v = attn.project(x, positions, rows)
         cache[0].append(k)
         cache[1].append(v)
-        h = hidden[rows] + attn.o_proj(attn.heads(q, cache[0], cache[1])[rows])
+        h = before + attn.o_proj(_gather(attn.heads(q, cache[0], cache[1]), rows))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        out = hidden.clone()
-        out[rows] = h
-        return out
+        return hidden.flatten(0, 1).index_copy(0, rows, h).view_as(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
@@ -267,19 +278,20 @@ def ttt_sums(
             in_vocab = target_in_vocab(draft, full_head, final)
         # The target's distribution is read at position p only when token p+1 is scored.
         needed = in_vocab & shift(loss_mask, 1).bool() & shift(attention_mask, 1).bool()
-        row_of = torch.full((b, t), -1, dtype=torch.long, device=input_ids.device)
-        row_of[needed] = torch.arange(int(needed.sum()), device=input_ids.device)
-        target_probs = torch.softmax(_draft_vocab_logits(draft, full_head, final[needed]), dim=-1)
-    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
-    valids = [valid_positions(loss_mask, attention_mask, in_vocab, j) for j in range(steps)]
-    # Step j (j >= 1) needs only positions scored at step j or later; step 0 computes every
-    # position, since every position's step-0 keys are attended to.
-    rows: list[torch.Tensor | None] = [None] * steps
-    if sparse:
-        later = torch.zeros_like(valids[0])
+        valids = [valid_positions(loss_mask, attention_mask, in_vocab, j) for j in range(steps)]
+        # Step j (j >= 1) needs only positions scored at step j or later; step 0 computes
+        # every position, since every position's step-0 keys are attended to.
+        later = [torch.zeros_like(needed)]
         for j in range(steps - 1, 0, -1):
-            later = later | valids[j]
-            rows[j] = later
+            later.insert(0, later[0] | valids[j])
+        needed_at, *indices = flat_indices([needed, *valids, *later[:-1]])
+        valid_at = indices[:steps]
+        rows: list[torch.Tensor | None] = [None, *indices[steps:]] if sparse else [None] * steps
+        row_of = torch.full((b * t,), -1, dtype=torch.long, device=input_ids.device)
+        row_of[needed_at] = torch.arange(needed_at.numel(), device=input_ids.device)
+        row_of = row_of.view(b, t)
+        target_probs = torch.softmax(_draft_vocab_logits(draft, full_head, _gather(final, needed_at)), dim=-1)
+    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
     hidden = draft.fc(aux)
     cache: tuple[list, list] = ([], [])
     stats = []
@@ -287,13 +299,13 @@ def ttt_sums(
         tokens = shift(input_ids, j + 1)  # token t+j+1 at position t
         embeds = draft.embed_tokens(tokens).to(hidden.dtype)
         hidden = draft.step(embeds, hidden, positions + j, cache, rows[j])
-        valid = valids[j]
         # The head and the loss only where they count (the hidden state feeds the next step everywhere).
-        logits = draft.logits(hidden[valid]).float()
-        probs = target_probs[shift(row_of, j + 1)[valid]]  # the target's distribution at t+j+1
+        logits = draft.logits(_gather(hidden, valid_at[j])).float()
+        # The target's distribution at t+j+1.
+        probs = target_probs.index_select(0, shift(row_of, j + 1).reshape(-1).index_select(0, valid_at[j]))
         per_token = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
         correct = (logits.argmax(-1) == probs.argmax(-1)).sum()
-        stats.append({"loss_sum": per_token.sum(), "correct": correct.detach(), "count": valid.sum()})
+        stats.append({"loss_sum": per_token.sum(), "correct": correct.detach(), "count": valids[j].sum()})
     return stats
 
 
