@@ -89,6 +89,11 @@ def _grouped(q: torch.Tensor, groups: int) -> torch.Tensor:
     return q.view(b, h // groups, groups, t, d)
 
 
+def _ungroup(x: torch.Tensor) -> torch.Tensor:
+    """(B, h/groups, groups, T, d) back to (B, h, T, d)."""
+    return x.flatten(1, 2)
+
+
 def _diagonal_scores(q, keys, groups: int, scale: float) -> torch.Tensor:
     """(B, h, T, j) float32 (or float64) scores of each position against its own later keys."""
     acc = torch.promote_types(q.dtype, torch.float32)
@@ -148,10 +153,6 @@ class _TTTAttention(torch.autograd.Function):
             dq = dq + _ungroup(ds * k[:, :, None].to(acc))
             d_keys.append((ds * _grouped(q.to(acc), groups)).sum(2).to(k.dtype))
         return dq.to(q.dtype), dk0.to(k0.dtype), dv0.to(v0.dtype), *d_keys, *d_values
-
-
-def _ungroup(x: torch.Tensor) -> torch.Tensor:
-    return x.flatten(1, 2)
 
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
