@@ -430,3 +430,17 @@ def test_reasoning_supervised_when_the_template_renders_it(tokenizer):
     assert prefix == prompt_ids(thinking, messages)
     # ... while the reasoning, its close and the reply are all supervised.
     assert thinking.decode(supervised) == "Short waves scatter more.\n</think>\n\nRayleigh scattering." + EOT
+
+
+def test_worker_processes_give_the_one_process_result(tokenizer):
+    """Chunks in spawned workers: same samples in the same order, same counts."""
+    messages = [user("Count to three.")]
+    records = [
+        record(messages, reply, rid=f"r{i}", finish="length" if i % 7 == 0 else "stop")
+        for i, reply in enumerate(["One, two, three.", " Sure:\n1 2 3", "1, 2, 3!"] * 9)
+    ]
+    records.insert(5, record(messages, "", rid="empty", finish="length"))  # dropped: nothing supervised
+    serial, serial_stats = tokenize_records(records, chat(tokenizer), "demo")
+    parallel, parallel_stats = tokenize_records(records, chat(tokenizer), "demo", workers=2, chunk=4)
+    assert parallel == serial and len(serial) == len(records) - 1
+    assert parallel_stats == serial_stats and serial_stats.dropped_ids == ["empty"]

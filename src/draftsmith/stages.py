@@ -196,7 +196,8 @@ def tokenize_dataset(
         model_info["special_tokens"]["end_of_turn"]["ids"],
         config["tokenize"]["max_length"],
     )
-    samples, stats = tokenize_records(atomic.read_jsonl(inputs["responses"]), chat, dataset)
+    workers = int(os.environ.get("OMP_NUM_THREADS") or 1)  # the rule's threads
+    samples, stats = tokenize_records(atomic.read_jsonl(inputs["responses"]), chat, dataset, workers)
     rate = stats.as_dict()["roundtrip_mismatch_rate"]
     limit = config["tokenize"]["max_roundtrip_mismatch"]
     if rate is not None and rate > limit:

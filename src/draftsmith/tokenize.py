@@ -13,7 +13,10 @@ of responses); the encode(decode(ids)) mismatch rate is reported either way.
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import re
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from draftsmith import special_tokens
@@ -35,6 +38,11 @@ class TokenizeStats:
     roundtrip_mismatch: int = 0
     special_boundary_violations: int = 0
     dropped_ids: list[str] = field(default_factory=list)
+
+    def add(self, other: TokenizeStats) -> None:
+        """Counts of another part of the same dataset, appended."""
+        for name, value in other.__dict__.items():
+            setattr(self, name, getattr(self, name) + value)
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -127,9 +135,53 @@ class ChatTokenizer:
         return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
 
 
-def tokenize_records(records, chat: ChatTokenizer, dataset: str) -> tuple[list[dict], TokenizeStats]:
+def _encode_all(records: list[dict], chat: ChatTokenizer) -> tuple[list[dict], TokenizeStats]:
     stats = TokenizeStats()
-    samples = [s for r in records if (s := chat.encode(r, stats)) is not None]
+    return [s for r in records if (s := chat.encode(r, stats)) is not None], stats
+
+
+_worker_chat: ChatTokenizer | None = None
+
+
+def _start_worker(chat: ChatTokenizer) -> None:
+    global _worker_chat
+    _worker_chat = chat
+
+
+def _encode_in_worker(records: list[dict]) -> tuple[list[dict], TokenizeStats]:
+    assert _worker_chat is not None
+    return _encode_all(records, _worker_chat)
+
+
+def _encode_in_workers(
+    records: list[dict], chat: ChatTokenizer, workers: int, chunk: int
+) -> tuple[list[dict], TokenizeStats]:
+    """Chunks of records in forked worker processes, results in input order. Forked, since
+    a spawned worker re-runs the main module (a Snakemake job's script); the tokenizer
+    encodes one text at a time, so no thread pool of its own is forked mid-use."""
+    chunks = [records[i : i + chunk] for i in range(0, len(records), chunk)]
+    samples: list[dict] = []
+    stats = TokenizeStats()
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    fork = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=fork, initializer=_start_worker, initargs=(chat,)) as pool:
+        for part, part_stats in pool.map(_encode_in_worker, chunks):
+            samples += part
+            stats.add(part_stats)
+    return samples, stats
+
+
+def tokenize_records(
+    records, chat: ChatTokenizer, dataset: str, workers: int = 1, chunk: int = 1000
+) -> tuple[list[dict], TokenizeStats]:
+    """Every record's sample (those without supervised tokens dropped) and the counts.
+    With `workers` > 1 and more than `chunk` records, chunks run in worker processes;
+    the result is the same as in one process."""
+    records = list(records)
+    if workers > 1 and len(records) > chunk:
+        samples, stats = _encode_in_workers(records, chat, workers, chunk)
+    else:
+        samples, stats = _encode_all(records, chat)
     if stats.special_boundary_violations:
         raise TokenizeError(
             f"{dataset}: {stats.special_boundary_violations} sample(s) where tokenization merged across a "
