@@ -187,9 +187,9 @@ class Eagle3Draft(nn.Module):
         Batches are right-padded (attention is causal and reads no mask).
 
         `rows` (flat indices into B x T) limits the work to those positions: the others
-        keep `hidden` and get zero keys and values. Only for a TTT step after the first, where a
-        position's keys are read by that position alone and positions that are never
-        scored again need no new state.
+        keep `hidden` and get zero keys and values. Only for a TTT step after the first,
+        where a position's keys are read by that position alone and positions that are
+        never scored again need no new state.
         """
         layer = self.midlayer
         attn = layer.self_attn
