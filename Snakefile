@@ -7,7 +7,7 @@
 import os
 
 from draftsmith import config as draftsmith_config
-from draftsmith.stages import evaluate_gpus, extract_gpus, plan_for, train_gpus
+from draftsmith.stages import evaluate_gpus, extract_gpus, plan_for, tokens_threads, train_gpus
 
 # `--configfile X` replaces the CPU default instead of being merged into it: a
 # production config must not inherit the demo datasets.

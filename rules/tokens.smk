@@ -14,8 +14,8 @@ rule tokens:
         f"benchmarks/tokens/{{dataset}}/{{key}}.tsv"
     conda:
         "../envs/data.yaml"
-    # Worker processes for datasets of more than 1,000 records (Snakemake caps it at --cores).
-    threads: 8
+    # Worker processes for a large dataset (Snakemake caps them at --cores), else one core.
+    threads: lambda wildcards, input: tokens_threads(input.responses)
     resources:
         mem_mb=2000,
     params:

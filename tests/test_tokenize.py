@@ -444,3 +444,13 @@ def test_worker_processes_give_the_one_process_result(tokenizer):
     parallel, parallel_stats = tokenize_records(records, chat(tokenizer), "demo", workers=2, chunk=4)
     assert parallel == serial and len(serial) == len(records) - 1
     assert parallel_stats == serial_stats and serial_stats.dropped_ids == ["empty"]
+
+
+def test_tokens_threads_follow_the_responses_size(tmp_path):
+    """Workers for a large dataset, one core for a small one or a file not there yet (dry run)."""
+    small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
+    small.write_text("{}\n" * 100)
+    large.write_bytes(b"x" * (stages.TOKENS_PARALLEL_BYTES + 1))
+    assert stages.tokens_threads(str(small)) == 1
+    assert stages.tokens_threads(str(large)) == stages.TOKENS_WORKERS
+    assert stages.tokens_threads(str(tmp_path / "missing.jsonl")) == 1

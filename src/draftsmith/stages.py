@@ -182,6 +182,21 @@ def _public(entry: dict) -> dict:
 
 
 # --- tokens --------------------------------------------------------------------
+TOKENS_WORKERS = 8
+TOKENS_PARALLEL_BYTES = 1 << 20  # ~1,000 short records: below this one process is quicker
+
+
+def tokens_threads(responses: str) -> int:
+    """Threads (worker processes) of a tokens job: a large dataset gets workers, a small one
+    a single core and leaves the rest to other jobs. Decided by the responses file's size
+    when the job starts; a dry run, before the file exists, shows 1."""
+    try:
+        large = os.path.getsize(responses) > TOKENS_PARALLEL_BYTES
+    except OSError:
+        return 1
+    return TOKENS_WORKERS if large else 1
+
+
 def tokenize_dataset(
     config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None
 ) -> dict:
