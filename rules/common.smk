@@ -19,6 +19,12 @@ def planned(kind, wildcards):
     return str(PLAN.root / kind / wildcards.dataset / wildcards.key)
 
 
+def existing(paths):
+    """The paths that exist: a missing source is reported by the job that reads it, and
+    the dry run still shows the plan."""
+    return [str(p) for p in paths if Path(p).exists()]
+
+
 def model_info_file():
     return str(PLAN.model_dir / "model.json")
 
@@ -28,15 +34,7 @@ def model_source_input(_wildcards):
     if source["kind"] == "pypi":
         return []
     path = Path(source["path"])
-    target = path / "config.json" if source["kind"] == "hf_dir" else path
-    # A missing source is reported by the job; the dry run still shows the plan.
-    return [str(target)] if target.exists() else []
-
-
-def existing(paths):
-    """The paths that exist: a missing source is reported by the job that reads it, and
-    the dry run still shows the plan."""
-    return [str(p) for p in paths if Path(p).exists()]
+    return existing([path / "config.json" if source["kind"] == "hf_dir" else path])
 
 
 def prompt_set_paths(*names):
@@ -47,8 +45,7 @@ def prompt_set_paths(*names):
 
 def dataset_source(wildcards):
     planned("responses", wildcards)  # refuses a key this config does not plan
-    path = Path(config["datasets"][wildcards.dataset]["path"])
-    return [str(path)] if path.exists() else []
+    return existing([config["datasets"][wildcards.dataset]["path"]])
 
 
 def dataset_backend(wildcards):
