@@ -196,13 +196,7 @@ class Plan:
 
     def _eval_params(self) -> dict:
         evaluate = self.config["evaluate"]
-        sets = {
-            name: {
-                "source": self._source_hash(entry["path"]),
-                **{k: v for k, v in entry.items() if k != "path"},
-            }
-            for name, entry in sorted(evaluate["prompt_sets"].items())
-        }
+        sets = {name: self._prompt_set_params(e) for name, e in sorted(evaluate["prompt_sets"].items())}
         # The results include tokens/s, so the device is part of the key (a CPU measurement
         # must not stand in for a GPU one); dtype can change the target's own greedy output.
         return {
@@ -214,14 +208,17 @@ class Plan:
             "prompt_sets": sets,
         }
 
+    def _prompt_set_params(self, entry: dict) -> dict:
+        """A prompt set's settings, its file by content (not where it lies)."""
+        return {"source": self._source_hash(entry["path"]), **{k: v for k, v in entry.items() if k != "path"}}
+
     def serve_bench_params(self) -> dict:
         # Speed is what a benchmark measures, so launch and load settings are part of its key.
         bench = {k: v for k, v in self.config["serve_benchmark"].items() if k != "enabled"}
         bench["sglang"] = {k: v for k, v in bench["sglang"].items() if k not in _SERVE_BENCH_IGNORED}
         entry = self.config["evaluate"]["prompt_sets"].get(bench["prompt_set"])
         if entry is not None:
-            source = self._source_hash(entry["path"])  # the content counts, not where it lies
-            bench["prompts"] = {"source": source, **{k: v for k, v in entry.items() if k != "path"}}
+            bench["prompts"] = self._prompt_set_params(entry)
             bench["system_prompt"] = self.config["generation"]["system_prompt"]
         return bench
 
