@@ -753,19 +753,22 @@ def export_draft(config: dict, inputs: dict, outputs: dict, log_file: str | None
     draft = export.load_trained_draft(Path(inputs["weights"]), Path(inputs["config"]), weights["embed"])
     aux = AuxLayers.from_manifest(json.loads(Path(inputs["shard"]).read_text())["meta"]["layers"])
     target_config = json.loads((hf_dir / "config.json").read_text())
-    common = {"aux": aux, "target_config": target_config, "serving_context": settings["serving_context"]}
+    common = {
+        "aux": aux,
+        "target_config": target_config,
+        "serving_context": settings["serving_context"],
+        "dtype": settings["dtype"],
+    }
     manifests = {
         export.SGLANG: export.export_sglang(
             draft,
             Path(outputs["sglang_config"]).parent,
-            dtype=settings["dtype"],
             allow_ambiguous_sglang_ids=settings["allow_ambiguous_sglang_ids"],
             **common,
         ),
         export.VLLM: export.export_vllm(
             draft,
             Path(outputs["vllm_config"]).parent,
-            dtype=settings["dtype"],
             verifier_name_or_path=settings["verifier_name_or_path"] or str(hf_dir),
             speculative_tokens=settings["speculative_tokens"],
             **common,
