@@ -13,7 +13,7 @@ if [ ! -f "$gguf" ]; then
 fi
 if [ ! -f data/docs-train.jsonl ]; then
     python -m draftsmith.docstring_prompts --train data/docs-train.jsonl --heldout data/docs-heldout.jsonl \
-        --min-train 10000 --heldout-count 64 \
+        --min-train 20000 --heldout-count 64 --templates 2 \
         --package numpy --package scipy --package torch --package transformers --package sympy --package pandas
 fi
 # A run cut short (a time limit, kill -9) leaves the lock: the rerun continues from what is done.

@@ -93,6 +93,35 @@ def test_build_is_deterministic(package, tmp_path):
     assert outputs[0] == outputs[1]
 
 
+def test_templates_multiply_training_prompts_only(package, tmp_path):
+    def build(templates: int) -> tuple[list[dict], list[dict]]:
+        train, heldout = tmp_path / f"t{templates}.jsonl", tmp_path / f"h{templates}.jsonl"
+        dp.build(
+            train,
+            heldout,
+            packages=["demo_pkg"],
+            min_train=5,
+            heldout_count=1,
+            heldout_share=0.2,
+            stdlib=False,
+            templates=templates,
+        )
+        return [[json.loads(line) for line in f.read_text().splitlines()] for f in (train, heldout)]
+
+    one, held_one = build(1)
+    two, held_two = build(2)
+    assert held_two == held_one  # the evaluation set does not move
+    assert len(two) == 2 * len(one)
+    # Each object's first prompt is the one-template prompt; the second has another template.
+    by_id = {r["id"]: r["prompt"] for r in two}
+    for row in one:
+        assert by_id[row["id"]] == row["prompt"]
+        other = by_id[f"{row['id']}~2"]
+        assert other != row["prompt"] and other.split("\n\n", 1)[1] == row["prompt"].split("\n\n", 1)[1]
+    with pytest.raises(dp.PromptSourceError, match="--templates 5"):
+        build(5)
+
+
 def test_too_few_prompts_is_an_error_naming_the_sources(package, tmp_path):
     with pytest.raises(dp.PromptSourceError, match=r"only \d+ training .*demo_pkg.*--package"):
         dp.build(

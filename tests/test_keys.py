@@ -218,6 +218,20 @@ def test_served_model_counts_only_for_server_backends(base, plan_of):
     assert served_a["responses"]["chat"] != served_b["responses"]["chat"]
 
 
+def test_hf_generation_dtype_moves_responses_when_it_differs_from_the_model(base, plan_of):
+    before = all_keys(plan_of(base))  # model.dtype defaults to float32
+    base["generation"] = {"hf": {"dtype": "float32"}}
+    assert all_keys(plan_of(base)) == before  # the same precision as before: same output
+    base["generation"] = {"hf": {"dtype": "bfloat16"}}
+    after = all_keys(plan_of(base))
+    assert after["model"] == before["model"]
+    assert all(after["responses"][n] != before["responses"][n] for n in ("chat", "code", "math"))
+    base["generation"]["backend"] = "openai"  # a server picks its own precision
+    served = all_keys(plan_of(base))
+    base["generation"]["hf"]["dtype"] = "float16"
+    assert all_keys(plan_of(base)) == served
+
+
 def test_tokenize_max_length_changes_tokens_not_responses(base, plan_of):
     before = all_keys(plan_of(base))
     base["tokenize"] = {"max_length": 64}

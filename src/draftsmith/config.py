@@ -167,6 +167,11 @@ def export_serving_context(config: dict) -> int:
     return config["export"]["serving_context"] or config["train"]["max_position_embeddings"]
 
 
+def generation_dtype(config: dict) -> str:
+    """The dtype the in-process (hf) backend generates in: generation.hf.dtype, else the model's."""
+    return config["generation"]["hf"]["dtype"] or config["model"]["dtype"]
+
+
 def dataset_settings(config: dict, name: str) -> dict[str, Any]:
     """A dataset's entry with dataset_defaults and generation settings resolved."""
     entry = copy.deepcopy(config["datasets"][name])

@@ -54,9 +54,20 @@ class Documented:
     kind: str  # "function" or "class"
     doc: str
 
-    def prompt(self) -> str:
-        template = TEMPLATES[_hash(f"{self.module}.{self.name}") % len(TEMPLATES)]
-        return template.format(kind=self.kind, name=self.name, module=self.module, doc=self.doc)
+    @property
+    def id(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def prompts(self, count: int = 1) -> list[tuple[str, str]]:
+        """(id, prompt) for `count` different templates, the first picked by a hash of the
+        name, the others following it: count 1 gives the same first prompt as any count."""
+        first = _hash(self.id)
+        rows = []
+        for i in range(count):
+            template = TEMPLATES[(first + i) % len(TEMPLATES)]
+            text = template.format(kind=self.kind, name=self.name, module=self.module, doc=self.doc)
+            rows.append((self.id if i == 0 else f"{self.id}~{i + 1}", text))
+        return rows
 
 
 def _hash(text: str) -> int:
@@ -139,8 +150,11 @@ def _public(node: ast.AST, owner: str) -> Iterator[tuple[ast.AST, str]]:
             yield from _public(child, f"{name}.")
 
 
-def collect(roots: list[tuple[str, Path]], heldout_share: float) -> tuple[list[dict], list[dict]]:
-    """Training and held-out prompt rows; a text seen before (normalised) is skipped."""
+def collect(
+    roots: list[tuple[str, Path]], heldout_share: float, templates: int = 1
+) -> tuple[list[dict], list[dict]]:
+    """Training and held-out prompt rows; a text seen before (normalised) is skipped.
+    Each training object gives `templates` prompts, each held-out object one."""
     seen: set[str] = set()
     train: list[dict] = []
     heldout: list[dict] = []
@@ -154,7 +168,7 @@ def collect(roots: list[tuple[str, Path]], heldout_share: float) -> tuple[list[d
                     continue
                 seen.add(key)
                 rows = heldout if held else train
-                rows.append({"id": f"{module}.{obj.name}", "prompt": obj.prompt()})
+                rows.extend({"id": i, "prompt": p} for i, p in obj.prompts(1 if held else templates))
     return train, heldout
 
 
@@ -167,10 +181,13 @@ def build(
     heldout_count: int,
     heldout_share: float = 0.03,
     stdlib: bool = True,
+    templates: int = 1,
 ) -> dict:
     """Write both JSONL files (rows: id, prompt); refuses fewer prompts than asked for."""
+    if not 1 <= templates <= len(TEMPLATES):
+        raise PromptSourceError(f"--templates {templates}: between 1 and {len(TEMPLATES)}")
     roots = source_roots(packages, stdlib)
-    train, heldout = collect(roots, heldout_share)
+    train, heldout = collect(roots, heldout_share, templates)
     if len(train) < min_train or len(heldout) < heldout_count:
         raise PromptSourceError(
             f"only {len(train)} training and {len(heldout)} held-out prompts in "
@@ -197,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-train", type=int, default=10_000)
     parser.add_argument("--heldout-count", type=int, default=64)
     parser.add_argument("--no-stdlib", action="store_true")
+    parser.add_argument(
+        "--templates",
+        type=int,
+        default=1,
+        help=f"training prompts per documented object, each with another template (1-{len(TEMPLATES)})",
+    )
     args = parser.parse_args(argv)
     for path in (args.train, args.heldout):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             min_train=args.min_train,
             heldout_count=args.heldout_count,
             stdlib=not args.no_stdlib,
+            templates=args.templates,
         )
     except PromptSourceError as exc:
         print(f"draftsmith: {exc}", file=sys.stderr)

@@ -227,6 +227,9 @@ class Plan:
         generation = {k: entry["generation"].get(k) for k in SEMANTIC_GENERATION}
         if generation["backend"] in ("openai", "sglang"):
             generation["served_model"] = self.config["generation"]["openai"]["model"]
+        elif cfg.generation_dtype(self.config) != self.config["model"]["dtype"]:
+            # The model key holds model.dtype; a different generation dtype changes the output.
+            generation["hf_dtype"] = cfg.generation_dtype(self.config)
         params = {
             "source": self._source_hash(entry["path"]),
             "format": entry["format"],

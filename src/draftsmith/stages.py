@@ -124,7 +124,7 @@ def _backend(config: dict, dataset: str, entry: dict, model_info: dict, server_l
             model_info,
             generation,
             gen_cfg["hf"],
-            config["model"]["dtype"],
+            cfg.generation_dtype(config),
         )
     if backend == "openai":
         from draftsmith.generate.openai_api import OpenAIBackend

@@ -52,29 +52,10 @@ class HFBackend:
                 emit(record)
 
     def _generate_batch(self, batch: list[tuple[Prompt, list[int]]]) -> list[dict]:
-        import torch
-
-        width = max(len(ids) for _, ids in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (_, ids) in enumerate(batch):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention[row, width - len(ids) :] = 1
-        sampling = self.generation["temperature"] > 0
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=input_ids.to(self.model.device),
-                attention_mask=attention.to(self.model.device),
-                max_new_tokens=self.generation["max_new_tokens"],
-                do_sample=sampling,
-                temperature=self.generation["temperature"] if sampling else None,
-                top_p=self.generation["top_p"] if sampling else None,
-                eos_token_id=self.stop_ids,
-                pad_token_id=self.pad_id,
-            )
-        return [
-            self._record(prompt, ids, out[row, width:].tolist()) for row, (prompt, ids) in enumerate(batch)
-        ]
+        generated = generate_ids(
+            self.model, [ids for _, ids in batch], self.pad_id, self.stop_ids, self.generation
+        )
+        return [self._record(prompt, ids, out) for (prompt, ids), out in zip(batch, generated, strict=True)]
 
     def _record(self, prompt: Prompt, prompt_ids: list[int], generated: list[int]) -> dict:
         stop = next((i for i, t in enumerate(generated) if t in self.stop_ids), None)
@@ -94,3 +75,31 @@ class HFBackend:
             response_token_ids=generated,
             prompt_token_ids=prompt_ids,
         )
+
+
+def generate_ids(
+    model, prompts: list[list[int]], pad_id: int, stop_ids: list[int], generation: dict
+) -> list[list[int]]:
+    """One left-padded batch through `model.generate`: each prompt's new ids (padding
+    after a stop id included; `_record` cuts there)."""
+    import torch
+
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention[row, width - len(ids) :] = 1
+    sampling = generation["temperature"] > 0
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention.to(model.device),
+            max_new_tokens=generation["max_new_tokens"],
+            do_sample=sampling,
+            temperature=generation["temperature"] if sampling else None,
+            top_p=generation["top_p"] if sampling else None,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+        )
+    return out[:, width:].tolist()
