@@ -4,10 +4,11 @@ Builds SmolLM2-135M-Instruct's architecture (30 layers, hidden 576) with random 
 so no model file is needed, and times `generate_ids` (what the hf backend runs per batch)
 on one batch of random prompts per setting: dtype x batch size. Random weights rarely
 emit a stop id, so every row runs to `--new-tokens`: an upper bound on a batch's time.
-Prints a table: seconds per batch, per decode step, generated tokens/s, peak memory.
+Prints a table: seconds per batch, per decode step, generated tokens/s, peak memory,
+for each dtype, attention implementation (`generation.hf.attention`) and batch size.
 
     python bench/generate_throughput.py --device cuda --batch 512 --batch 2048 \\
-        --dtype float32 --dtype bfloat16
+        --dtype float32 --dtype bfloat16 --attention sdpa --attention eager
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftsmith.generate.hf import generate_ids
+from draftsmith.generate.hf import ATTENTION, generate_ids, use_attention
 
 # SmolLM2-135M-Instruct's config.json, the parts that set the cost.
 DEMO_SHAPE = {
@@ -41,12 +43,14 @@ def random_prompts(count: int, shortest: int, longest: int, vocab: int, seed: in
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
 
 
-def time_batch(model, prompts: list[list[int]], new_tokens: int, device: torch.device) -> tuple[float, int]:
+def time_batch(
+    model, prompts: list[list[int]], new_tokens: int, device: torch.device, attention: str
+) -> tuple[float, int]:
     generation = {"max_new_tokens": new_tokens, "temperature": 0.0, "top_p": 1.0}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    out = generate_ids(model, prompts, pad_id=0, stop_ids=[2], generation=generation)
+    out = generate_ids(model, prompts, pad_id=0, stop_ids=[2], generation=generation, attention=attention)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
@@ -59,31 +63,42 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--batch", action="append", type=int)
+    parser.add_argument("--attention", action="append", choices=ATTENTION)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(120, 360), metavar=("MIN", "MAX"))
+    parser.add_argument("--fastest-to", type=Path, help="write the fastest setting's attention and s/batch")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
     config = LlamaConfig(**DEMO_SHAPE)
-    print("| dtype | batch | prompt tokens | s/batch | ms/step | generated tok/s | peak GiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| dtype | attention | batch | prompt tokens | s/batch | ms/step | generated tok/s | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    timings = []
     for dtype in args.dtype or ["float32"]:
         model = LlamaForCausalLM(config).to(device, getattr(torch, dtype)).eval()
-        warm = random_prompts(8, 16, 32, config.vocab_size, seed=1)
-        time_batch(model, warm, 8, device)
-        for batch in args.batch or [16]:
-            prompts = random_prompts(batch, *args.prompt_tokens, config.vocab_size, seed=0)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            seconds, generated = time_batch(model, prompts, args.new_tokens, device)
-            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-            tokens = sum(len(p) for p in prompts)
-            print(
-                f"| {dtype} | {batch} | {tokens:,} | {seconds:.2f} | {1000 * seconds / args.new_tokens:.1f} "
-                f"| {generated / seconds:,.0f} | {peak:.1f} |",
-                flush=True,
-            )
+        for attention in args.attention or ["sdpa"]:
+            use_attention(model, attention)
+            warm = random_prompts(8, 16, 32, config.vocab_size, seed=1)
+            time_batch(model, warm, 8, device, attention)
+            for batch in args.batch or [16]:
+                prompts = random_prompts(batch, *args.prompt_tokens, config.vocab_size, seed=0)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                seconds, generated = time_batch(model, prompts, args.new_tokens, device, attention)
+                peak = (
+                    torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+                )
+                tokens = sum(len(p) for p in prompts)
+                timings.append((seconds / batch, attention, seconds))
+                print(
+                    f"| {dtype} | {attention} | {batch} | {tokens:,} | {seconds:.2f} "
+                    f"| {1000 * seconds / args.new_tokens:.1f} | {generated / seconds:,.0f} | {peak:.1f} |",
+                    flush=True,
+                )
         del model
+    if args.fastest_to:
+        _, attention, seconds = min(timings)
+        args.fastest_to.write_text(f"{attention} {seconds:.2f}\n")
 
 
 if __name__ == "__main__":

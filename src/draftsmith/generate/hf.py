@@ -33,6 +33,8 @@ class HFBackend:
         self.tokenizer = target.load_tokenizer(hf_dir)
         self.tokenizer.padding_side = "left"
         self.model = target.load_model(hf_dir, dtype, hf_cfg["device"])
+        self.attention = hf_cfg.get("attention", "sdpa")
+        use_attention(self.model, self.attention)
         tokens = model_info["special_tokens"]
         self.stop_ids = sorted(set(tokens["end_of_turn"]["ids"]) | set(tokens["generation_config_eos_ids"]))
         self.pad_id = tokens["pad_token_id"] if tokens["pad_token_id"] is not None else self.stop_ids[0]
@@ -52,9 +54,8 @@ class HFBackend:
                 emit(record)
 
     def _generate_batch(self, batch: list[tuple[Prompt, list[int]]]) -> list[dict]:
-        generated = generate_ids(
-            self.model, [ids for _, ids in batch], self.pad_id, self.stop_ids, self.generation
-        )
+        ids = [ids for _, ids in batch]
+        generated = generate_ids(self.model, ids, self.pad_id, self.stop_ids, self.generation, self.attention)
         return [self._record(prompt, ids, out) for (prompt, ids), out in zip(batch, generated, strict=True)]
 
     def _record(self, prompt: Prompt, prompt_ids: list[int], generated: list[int]) -> dict:
@@ -77,8 +78,34 @@ class HFBackend:
         )
 
 
+ATTENTION = ("sdpa", "sdpa_no_cudnn", "eager")
+
+
+def use_attention(model, attention: str) -> None:
+    """Set the attention implementation generation runs with (one of `ATTENTION`)."""
+    model.set_attn_implementation("eager" if attention == "eager" else "sdpa")
+
+
+def _sdpa_backends(attention: str):
+    """Torch's own choice of SDPA kernels, or all but cuDNN's. A padded batch's attention
+    takes a mask, and cuDNN's kernel is planned per shape while every decode step has a
+    new key length (bench/generate_throughput.py compares them)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if attention != "sdpa_no_cudnn":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def generate_ids(
-    model, prompts: list[list[int]], pad_id: int, stop_ids: list[int], generation: dict
+    model,
+    prompts: list[list[int]],
+    pad_id: int,
+    stop_ids: list[int],
+    generation: dict,
+    attention: str = "sdpa",
 ) -> list[list[int]]:
     """One left-padded batch through `model.generate`: each prompt's new ids (padding
     after a stop id included; `_record` cuts there)."""
@@ -86,15 +113,15 @@ def generate_ids(
 
     width = max(len(ids) for ids in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, ids in enumerate(prompts):
         input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention[row, width - len(ids) :] = 1
+        mask[row, width - len(ids) :] = 1
     sampling = generation["temperature"] > 0
-    with torch.no_grad():
+    with torch.no_grad(), _sdpa_backends(attention):
         out = model.generate(
             input_ids=input_ids.to(model.device),
-            attention_mask=attention.to(model.device),
+            attention_mask=mask.to(model.device),
             max_new_tokens=generation["max_new_tokens"],
             do_sample=sampling,
             temperature=generation["temperature"] if sampling else None,
