@@ -8,7 +8,7 @@ Prints a table: seconds per batch, per decode step, generated tokens/s, peak mem
 for each dtype, attention implementation (`generation.hf.attention`) and batch size.
 
     python bench/generate_throughput.py --device cuda --batch 512 --batch 2048 \\
-        --dtype float32 --dtype bfloat16 --attention sdpa --attention eager
+        --dtype float32 --dtype bfloat16 --attention sdpa --attention sdpa_no_cudnn
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftsmith.generate.hf import ATTENTION, generate_ids, use_attention
+from draftsmith.generate.hf import ATTENTION, generate_ids
 
 # SmolLM2-135M-Instruct's config.json, the parts that set the cost.
 DEMO_SHAPE = {
@@ -66,18 +65,15 @@ def main() -> None:
     parser.add_argument("--attention", action="append", choices=ATTENTION)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(120, 360), metavar=("MIN", "MAX"))
-    parser.add_argument("--fastest-to", type=Path, help="write the fastest setting's attention and s/batch")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
     config = LlamaConfig(**DEMO_SHAPE)
     print("| dtype | attention | batch | prompt tokens | s/batch | ms/step | generated tok/s | peak GiB |")
     print("|---|---|---|---|---|---|---|---|")
-    timings = []
     for dtype in args.dtype or ["float32"]:
         model = LlamaForCausalLM(config).to(device, getattr(torch, dtype)).eval()
         for attention in args.attention or ["sdpa"]:
-            use_attention(model, attention)
             warm = random_prompts(8, 16, 32, config.vocab_size, seed=1)
             time_batch(model, warm, 8, device, attention)
             for batch in args.batch or [16]:
@@ -89,16 +85,12 @@ def main() -> None:
                     torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
                 )
                 tokens = sum(len(p) for p in prompts)
-                timings.append((seconds / batch, attention, seconds))
                 print(
                     f"| {dtype} | {attention} | {batch} | {tokens:,} | {seconds:.2f} "
                     f"| {1000 * seconds / args.new_tokens:.1f} | {generated / seconds:,.0f} | {peak:.1f} |",
                     flush=True,
                 )
         del model
-    if args.fastest_to:
-        _, attention, seconds = min(timings)
-        args.fastest_to.write_text(f"{attention} {seconds:.2f}\n")
 
 
 if __name__ == "__main__":

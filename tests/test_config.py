@@ -40,7 +40,7 @@ def test_default_config_loads_and_fills_defaults():
     assert config["merge"]["exclude"] == []
     assert config["merge"]["caps"] == {}
     # ...as do absent fields of sections that are present, while given values win.
-    assert config["generation"]["hf"] == {"device": "cpu", "batch_size": 32, "dtype": None}
+    assert config["generation"]["hf"] == {"device": "cpu", "batch_size": 32, "dtype": None, "attention": "sdpa"}
     assert config["generation"]["top_p"] == 1.0
     assert config["generation"]["max_new_tokens"] == 96
     assert config["tokenize"] == {"max_length": 512, "max_roundtrip_mismatch": 1.0}
@@ -111,7 +111,7 @@ def test_unknown_top_level_key(raw):
 def test_unknown_nested_key(raw):
     raw["generation"]["hf"]["batchsize"] = 4
     message = error_of(raw)
-    assert "unknown key generation.hf.batchsize (allowed: batch_size, device, dtype)" in message
+    assert "unknown key generation.hf.batchsize (allowed: attention, batch_size, device, dtype)" in message
 
 
 def test_extract_sglang_has_generation_launch_settings_and_refuses_others(raw):

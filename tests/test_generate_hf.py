@@ -1,11 +1,11 @@
-"""The hf backend's batch generation: attention implementations agree on the real demo target."""
+"""The hf backend's batch generation on the real demo target: kernel choices agree, padding is inert."""
 
 from __future__ import annotations
 
 import pytest
 
 from draftsmith import target
-from draftsmith.generate.hf import ATTENTION, generate_ids, use_attention
+from draftsmith.generate.hf import ATTENTION, generate_ids
 
 GENERATION = {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0}
 
@@ -29,11 +29,9 @@ def test_every_attention_choice_gives_the_same_greedy_ids(model_and_prompts):
     model, prompts = model_and_prompts
     outputs = {}
     for attention in ATTENTION:
-        use_attention(model, attention)
         outputs[attention] = generate_ids(model, prompts, 2, [2], GENERATION, attention)
-    use_attention(model, "sdpa")
     assert all(len(row) == GENERATION["max_new_tokens"] or 2 in row for row in outputs["sdpa"])
-    assert outputs["eager"] == outputs["sdpa"] == outputs["sdpa_no_cudnn"]
+    assert outputs["sdpa"] == outputs["sdpa_no_cudnn"]
     # Padding does not change a row: the short prompt alone gives the same ids.
     alone = generate_ids(model, prompts[:1], 2, [2], GENERATION)[0]
     assert alone == outputs["sdpa"][0][: len(alone)]

@@ -34,7 +34,6 @@ class HFBackend:
         self.tokenizer.padding_side = "left"
         self.model = target.load_model(hf_dir, dtype, hf_cfg["device"])
         self.attention = hf_cfg.get("attention", "sdpa")
-        use_attention(self.model, self.attention)
         tokens = model_info["special_tokens"]
         self.stop_ids = sorted(set(tokens["end_of_turn"]["ids"]) | set(tokens["generation_config_eos_ids"]))
         self.pad_id = tokens["pad_token_id"] if tokens["pad_token_id"] is not None else self.stop_ids[0]
@@ -78,18 +77,13 @@ class HFBackend:
         )
 
 
-ATTENTION = ("sdpa", "sdpa_no_cudnn", "eager")
-
-
-def use_attention(model, attention: str) -> None:
-    """Set the attention implementation generation runs with (one of `ATTENTION`)."""
-    model.set_attn_implementation("eager" if attention == "eager" else "sdpa")
+ATTENTION = ("sdpa", "sdpa_no_cudnn")
 
 
 def _sdpa_backends(attention: str):
-    """Torch's own choice of SDPA kernels, or all but cuDNN's. A padded batch's attention
-    takes a mask, and cuDNN's kernel is planned per shape while every decode step has a
-    new key length (bench/generate_throughput.py compares them)."""
+    """Torch's own choice of SDPA kernels (`ATTENTION`), or all but cuDNN's. A padded
+    batch's attention takes a mask, and cuDNN's kernel is planned per shape while every
+    decode step has a new key length (bench/generate_throughput.py compares them)."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
