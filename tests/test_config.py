@@ -40,7 +40,12 @@ def test_default_config_loads_and_fills_defaults():
     assert config["merge"]["exclude"] == []
     assert config["merge"]["caps"] == {}
     # ...as do absent fields of sections that are present, while given values win.
-    assert config["generation"]["hf"] == {"device": "cpu", "batch_size": 32, "dtype": None, "attention": "sdpa"}
+    assert config["generation"]["hf"] == {
+        "device": "cpu",
+        "batch_size": 32,
+        "dtype": None,
+        "attention": "sdpa",
+    }
     assert config["generation"]["top_p"] == 1.0
     assert config["generation"]["max_new_tokens"] == 96
     assert config["tokenize"] == {"max_length": 512, "max_roundtrip_mismatch": 1.0}
