@@ -237,7 +237,12 @@ def test_real_greedy_generation_ids_are_kept(tokenizer, demo_model_dir):
     )
     generation = {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}
     backend = HFBackend(
-        "demo", str(demo_model_dir), model_info, generation, {"batch_size": 2, "device": "cpu"}, "float32"
+        "demo",
+        str(demo_model_dir),
+        model_info,
+        generation,
+        {"batch_size": 2, "device": "cpu", "attention": "sdpa"},
+        "float32",
     )
     prompts = [
         Prompt(id="p0", index=0, line=1, messages=[user("Say hello in one short sentence.")]),

@@ -33,7 +33,7 @@ class HFBackend:
         self.tokenizer = target.load_tokenizer(hf_dir)
         self.tokenizer.padding_side = "left"
         self.model = target.load_model(hf_dir, dtype, hf_cfg["device"])
-        self.attention = hf_cfg.get("attention", "sdpa")
+        self.attention = hf_cfg["attention"]
         tokens = model_info["special_tokens"]
         self.stop_ids = sorted(set(tokens["end_of_turn"]["ids"]) | set(tokens["generation_config_eos_ids"]))
         self.pad_id = tokens["pad_token_id"] if tokens["pad_token_id"] is not None else self.stop_ids[0]
