@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,37 +77,34 @@ def test_rows_are_prose_public_and_split_by_module(package, tmp_path):
     assert not held_modules & {r["id"].rsplit(".", 1)[0] for r in rows}
 
 
+def build_demo(tmp_path, name: str, templates: int = 1) -> tuple[Path, Path]:
+    """The demo package's prompt files (a fifth of its modules held out)."""
+    train, heldout = tmp_path / f"t{name}.jsonl", tmp_path / f"h{name}.jsonl"
+    dp.build(
+        train,
+        heldout,
+        packages=["demo_pkg"],
+        min_train=5,
+        heldout_count=1,
+        heldout_share=0.2,
+        stdlib=False,
+        templates=templates,
+    )
+    return train, heldout
+
+
 def test_build_is_deterministic(package, tmp_path):
     outputs = []
     for run in range(2):
-        train, heldout = tmp_path / f"t{run}.jsonl", tmp_path / f"h{run}.jsonl"
-        dp.build(
-            train,
-            heldout,
-            packages=["demo_pkg"],
-            min_train=5,
-            heldout_count=1,
-            heldout_share=0.2,
-            stdlib=False,
-        )
+        train, heldout = build_demo(tmp_path, str(run))
         outputs.append((train.read_bytes(), heldout.read_bytes()))
     assert outputs[0] == outputs[1]
 
 
 def test_templates_multiply_training_prompts_only(package, tmp_path):
     def build(templates: int) -> tuple[list[dict], list[dict]]:
-        train, heldout = tmp_path / f"t{templates}.jsonl", tmp_path / f"h{templates}.jsonl"
-        dp.build(
-            train,
-            heldout,
-            packages=["demo_pkg"],
-            min_train=5,
-            heldout_count=1,
-            heldout_share=0.2,
-            stdlib=False,
-            templates=templates,
-        )
-        return [[json.loads(line) for line in f.read_text().splitlines()] for f in (train, heldout)]
+        files = build_demo(tmp_path, f"x{templates}", templates)
+        return [[json.loads(line) for line in f.read_text().splitlines()] for f in files]
 
     one, held_one = build(1)
     two, held_two = build(2)
