@@ -2,10 +2,10 @@
 
 Builds SmolLM2-135M-Instruct's architecture (30 layers, hidden 576) with random weights,
 so no model file is needed, and times `generate_ids` (what the hf backend runs per batch)
-on one batch of random prompts per setting: dtype x batch size. Random weights rarely
+on one batch of random prompts per setting: dtype x attention x batch size. Random weights rarely
 emit a stop id, so every row runs to `--new-tokens`: an upper bound on a batch's time.
-Prints a table: seconds per batch, per decode step, generated tokens/s, peak memory,
-for each dtype, attention implementation (`generation.hf.attention`) and batch size.
+Prints a table: seconds per batch, per decode step, generated tokens/s, peak memory.
+`--attention` takes the values of `generation.hf.attention`.
 
     python bench/generate_throughput.py --device cuda --batch 512 --batch 2048 \\
         --dtype float32 --dtype bfloat16 --attention sdpa --attention sdpa_no_cudnn
@@ -18,19 +18,21 @@ import random
 import time
 
 import torch
+from train_throughput import SHAPES  # this folder's draft-training bench
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.generate.hf import ATTENTION, generate_ids
 
-# SmolLM2-135M-Instruct's config.json, the parts that set the cost.
-DEMO_SHAPE = {
-    "hidden_size": 576,
-    "intermediate_size": 1536,
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB, ROPE_THETA = SHAPES["demo"]
+# SmolLM2-135M-Instruct's config.json: the shapes above, 30 layers, tied embeddings.
+DEMO_CONFIG = {
+    "hidden_size": HIDDEN,
+    "intermediate_size": INTERMEDIATE,
     "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "rope_theta": 100000.0,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "vocab_size": VOCAB,
+    "rope_theta": ROPE_THETA,
     "max_position_embeddings": 8192,
     "tie_word_embeddings": True,
 }
@@ -68,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    config = LlamaConfig(**DEMO_SHAPE)
+    config = LlamaConfig(**DEMO_CONFIG)
     print("| dtype | attention | batch | prompt tokens | s/batch | ms/step | generated tok/s | peak GiB |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in args.dtype or ["float32"]:
