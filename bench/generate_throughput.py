@@ -5,15 +5,17 @@ so no model file is needed, and times `generate_ids` (what the hf backend runs p
 on one batch of random prompts per setting: dtype x attention x batch size. Random weights rarely
 emit a stop id, so every row runs to `--new-tokens`: an upper bound on a batch's time.
 Prints a table: seconds per batch, per decode step, generated tokens/s, peak memory.
-`--attention` takes the values of `generation.hf.attention`.
+`--attention` takes the values of `generation.hf.attention`. `--profile` also prints
+torch's profiler table for each setting (the ops costing the most device and host time).
 
     python bench/generate_throughput.py --device cuda --batch 512 --batch 2048 \\
-        --dtype float32 --dtype bfloat16 --attention sdpa --attention sdpa_no_cudnn
+        --dtype float32 --dtype bfloat16 --attention sdpa --attention grouped_decode
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import time
 
@@ -59,6 +61,26 @@ def time_batch(
     return seconds, generated
 
 
+@contextlib.contextmanager
+def profiled(enabled: bool, device: torch.device):
+    """torch's profiler around the block when `enabled` (else None)."""
+    if not enabled:
+        yield None
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        yield profile
+
+
+def print_profile(profile, device: torch.device, rows: int = 20) -> None:
+    averages = profile.key_averages()
+    sorts = ["cpu_time_total"] + (["device_time_total"] if device.type == "cuda" else [])
+    for sort in sorts:
+        print(f"\n```\n{averages.table(sort_by=sort, row_limit=rows)}\n```\n", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -67,6 +89,7 @@ def main() -> None:
     parser.add_argument("--attention", action="append", choices=ATTENTION)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(120, 360), metavar=("MIN", "MAX"))
+    parser.add_argument("--profile", action="store_true", help="print the profiler's top ops per setting")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -82,7 +105,8 @@ def main() -> None:
                 prompts = random_prompts(batch, *args.prompt_tokens, config.vocab_size, seed=0)
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                seconds, generated = time_batch(model, prompts, args.new_tokens, device, attention)
+                with profiled(args.profile, device) as profile:
+                    seconds, generated = time_batch(model, prompts, args.new_tokens, device, attention)
                 peak = (
                     torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
                 )
@@ -92,6 +116,8 @@ def main() -> None:
                     f"| {1000 * seconds / args.new_tokens:.1f} | {generated / seconds:,.0f} | {peak:.1f} |",
                     flush=True,
                 )
+                if profile is not None:
+                    print_profile(profile, device)
         del model
 
 

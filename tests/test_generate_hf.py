@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 from draftsmith import target
-from draftsmith.generate.hf import ATTENTION, generate_ids
+from draftsmith.generate import decode_attention
+from draftsmith.generate.hf import ATTENTION, attention_setting, generate_ids
 
 GENERATION = {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0}
 
@@ -31,7 +34,37 @@ def test_every_attention_choice_gives_the_same_greedy_ids(model_and_prompts):
     for attention in ATTENTION:
         outputs[attention] = generate_ids(model, prompts, 2, [2], GENERATION, attention)
     assert all(len(row) == GENERATION["max_new_tokens"] or 2 in row for row in outputs["sdpa"])
-    assert outputs["sdpa"] == outputs["sdpa_no_cudnn"]
+    assert outputs["sdpa"] == outputs["sdpa_no_cudnn"] == outputs["grouped_decode"]
     # Padding does not change a row: the short prompt alone gives the same ids.
     alone = generate_ids(model, prompts[:1], 2, [2], GENERATION)[0]
     assert alone == outputs["sdpa"][0][: len(alone)]
+
+
+def test_grouped_decode_is_switched_on_for_the_block_only(model_and_prompts):
+    model, _ = model_and_prompts
+    before = model.config._attn_implementation
+    with attention_setting(model, "grouped_decode"):
+        assert model.config._attn_implementation == decode_attention.NAME
+    assert model.config._attn_implementation == before
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_grouped_decode_step_equals_sdpa_with_repeated_keys(dtype, tol):
+    """One query per row, 9 query heads over 3 key-value heads, left padding."""
+    gen = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, length, dim = 4, 9, 3, 37, 64
+    query = torch.randn(batch, heads, 1, dim, generator=gen).to(dtype)
+    key = torch.randn(batch, kv_heads, length, dim, generator=gen).to(dtype)
+    value = torch.randn(batch, kv_heads, length, dim, generator=gen).to(dtype)
+    starts = torch.tensor([0, 5, 20, 36])  # row r's first real position
+    mask = (torch.arange(length)[None] >= starts[:, None])[:, None, None]  # (B, 1, 1, T)
+    out, _ = decode_attention.grouped_decode_attention(torch.nn.Module(), query, key, value, mask)
+    group = heads // kv_heads
+    expected = F.scaled_dot_product_attention(
+        query.float(),
+        key.float().repeat_interleave(group, dim=1),
+        value.float().repeat_interleave(group, dim=1),
+        attn_mask=mask,
+    ).transpose(1, 2)
+    assert out.shape == (batch, 1, heads, dim) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)

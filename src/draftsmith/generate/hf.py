@@ -77,20 +77,29 @@ class HFBackend:
         )
 
 
-ATTENTION = ("sdpa", "sdpa_no_cudnn")
+ATTENTION = ("sdpa", "sdpa_no_cudnn", "grouped_decode")
 
 
-def _sdpa_backends(attention: str):
-    """Torch's own choice of SDPA kernels (`ATTENTION`), or all but cuDNN's. A padded
-    batch's attention takes a mask, and cuDNN's kernel is planned per shape while every
-    decode step has a new key length (bench/generate_throughput.py compares them)."""
+def attention_setting(model, attention: str):
+    """A context in which `model` attends as `attention` (one of `ATTENTION`) says:
+    torch's own choice of SDPA kernels; all but cuDNN's (a padded batch's attention
+    takes a mask, and cuDNN's kernel is planned per shape while every decode step has
+    a new key length); or that, with decode steps on grouped matmuls
+    (`decode_attention`). bench/generate_throughput.py compares them."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if attention != "sdpa_no_cudnn":
-        return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    from draftsmith.generate.decode_attention import use_grouped_decode
+
+    stack = contextlib.ExitStack()
+    if attention != "sdpa":
+        stack.enter_context(
+            sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        )
+    if attention == "grouped_decode":
+        stack.enter_context(use_grouped_decode(model))
+    return stack
 
 
 def generate_ids(
@@ -112,7 +121,7 @@ def generate_ids(
         input_ids[row, width - len(ids) :] = torch.tensor(ids)
         mask[row, width - len(ids) :] = 1
     sampling = generation["temperature"] > 0
-    with torch.no_grad(), _sdpa_backends(attention):
+    with torch.no_grad(), attention_setting(model, attention):
         out = model.generate(
             input_ids=input_ids.to(model.device),
             attention_mask=mask.to(model.device),
