@@ -7,14 +7,16 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from draftsmith import config as cfg
 from draftsmith import stages, target
+from draftsmith.draft import data as train_data
 from draftsmith.draft import train
-from draftsmith.draft.data import TrainData, held_out_ids, id_fraction
+from draftsmith.draft.data import TrainData, held_out_ids, id_fraction, pack, sort_windows
 from draftsmith.draft.vocab import build, count_supervised
 from draftsmith.layers import AuxLayers
 from draftsmith.shards import ShardWriter
@@ -137,6 +139,37 @@ def test_split_and_epoch_plan_are_deterministic(hidden, spec):
     other = TrainData(directory, names, val_fraction=0.15, seed=0, batch_tokens=96)
     assert other.epoch_batches(0) == plan and other.epoch_batches(1) != plan
     assert TrainData(directory, names, val_fraction=0.15, seed=1, batch_tokens=96).epoch_batches(0) != plan
+
+
+def _fill(batches: list[list], lengths: dict) -> float:
+    """Real tokens over padded tokens."""
+    real = sum(lengths[i] for b in batches for i in b)
+    return real / sum(max(lengths[i] for i in b) * len(b) for b in batches)
+
+
+def test_sort_windows_hold_enough_tokens_to_fill_large_batches():
+    rng = np.random.default_rng(0)
+    stream = [(0, i) for i in range(20000)]
+    lengths = {item: int(n) for item, n in zip(stream, rng.integers(40, 600, len(stream)), strict=True)}
+    budget = 65536  # 256 samples hold ~1.3 batches' worth
+    windows = list(sort_windows(stream, lengths, budget))
+    assert len(windows) >= 3
+    assert [item for w in windows for item in w] == stream  # a partition, in stream order
+    for window in windows[:-1]:
+        assert len(window) >= train_data.SORT_WINDOW
+        assert sum(lengths[i] for i in window) >= train_data.WINDOW_BATCHES * budget
+        # ...and no longer than needed: without its last sample it would fall short.
+        shorter = window[:-1]
+        assert (
+            len(shorter) < train_data.SORT_WINDOW
+            or sum(lengths[i] for i in shorter) < train_data.WINDOW_BATCHES * budget
+        )
+
+    def planned(windows: list[list]) -> list[list]:
+        return [b for w in windows for b in pack(sorted(w, key=lambda i: -lengths[i]), lengths, budget)]
+
+    by_count = [stream[s : s + train_data.SORT_WINDOW] for s in range(0, len(stream), train_data.SORT_WINDOW)]
+    assert _fill(planned(windows), lengths) > 0.9 and _fill(planned(by_count), lengths) < 0.75
 
 
 def test_two_segments_equal_one_run_bitwise(spec, tmp_path):

@@ -26,7 +26,7 @@ STAGE_VERSIONS = {
     "merged": 1,
     "hidden": 1,
     "draft_vocab": 1,
-    "draft": 1,
+    "draft": 2,
     "export": 1,
     "eval": 1,
     "serve_bench": 1,
