@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,12 +29,14 @@ from draftsmith.evaluate.prompts import (
     training_prompts,
 )
 from draftsmith.evaluate.stage import (
+    EvaluationError,
     LosslessError,
     Settings,
     _acceptance,
     benchmark_sets,
     evaluate_draft,
     export_aux_layers,
+    vocab_coverage,
 )
 from draftsmith.layers import AuxLayers
 
@@ -378,6 +381,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
     assert bench["k"] == [1, 2] and bench["device"].startswith("cpu")
     tiny = bench["prompt_sets"]["tiny"]
     assert tiny["prompts"] == len(PROMPTS)
+    assert 0.0 <= tiny["draft_vocab_coverage"] <= 1.0
     assert set(tiny["baseline"]) == {"tokens", "seconds", "tokens_per_s"}
     assert set(tiny["by_k"]) == {"1", "2"}
     for k, result in tiny["by_k"].items():
@@ -398,6 +402,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
     assert len(rows) == len(PROMPTS) * 3 and {r["k"] for r in rows} == {0, 1, 2}
     table = Path(outputs["md"]).read_text()
     assert "## tiny (2 prompts)" in table and table.count("x |") == 2
+    assert f"coverage of the target's output: {100 * tiny['draft_vocab_coverage']:.1f}%" in table
     written = json.loads(Path(outputs["manifest"]).read_text())["files"]
     assert set(written) == {"benchmark.json", "benchmark.md", "per_prompt.jsonl"}
     assert not [p for p in Path(outputs["json"]).parent.iterdir() if p.name.startswith(".tmp-")]
@@ -410,3 +415,13 @@ def test_stage_refuses_an_overlapping_set_before_writing(tmp_path, demo_model_di
     with pytest.raises(OverlapError, match="chat-000000"):
         evaluate_draft(config, inputs, outputs)
     assert not Path(outputs["json"]).parent.exists()
+
+
+def test_vocab_coverage_counts_output_tokens_after_the_first():
+    in_draft = torch.tensor([True, False, True, False, False, True])  # t2d over 6 target ids
+    draft = SimpleNamespace(t2d=in_draft)
+    # The first token (from the prefill, never proposed) is left out even when it is outside.
+    runs = [sd.Decoded([1, 0, 3, 2]), sd.Decoded([4, 5])]
+    assert vocab_coverage(draft, runs) == pytest.approx(3 / 4)
+    with pytest.raises(EvaluationError, match="max_new_tokens"):
+        vocab_coverage(draft, [sd.Decoded([0])])

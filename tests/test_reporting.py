@@ -65,6 +65,7 @@ def fixture_benchmark(lossless: bool = True) -> dict:
             "prompts": prompts,
             "baseline": {"tokens": 96, "seconds": 8.0, "tokens_per_s": 12.0},
             "by_k": {str(k): result(k, accept) for k in (1, 2, 3)},
+            "draft_vocab_coverage": 0.9375,
         }
 
     return {

@@ -28,7 +28,7 @@ STAGE_VERSIONS = {
     "draft_vocab": 1,
     "draft": 2,
     "export": 1,
-    "eval": 1,
+    "eval": 2,
     "serve_bench": 1,
 }
 

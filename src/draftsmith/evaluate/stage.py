@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from draftsmith import atomic, gpus, jobs, manifest, target
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.prompts import EvalPrompt, check_overlap, load_prompt_set, training_prompts
+from draftsmith.reporting.markdown import coverage_sentence
 from draftsmith.stages import evaluate_gpus
 
 if TYPE_CHECKING:
@@ -119,6 +120,18 @@ def _acceptance(runs: list[Decoded], k: int) -> dict:
     }
 
 
+def vocab_coverage(draft: Eagle3Draft, runs: list[Decoded]) -> float:
+    """The share of the target's own output tokens after the first (the ones a proposal
+    could match) that lie in the draft vocabulary: a ceiling on acceptance at every
+    position, and the sign of a draft vocabulary too small for the prompts."""
+    import torch
+
+    tokens = [t for run in runs for t in run.tokens[1:]]
+    if not tokens:
+        raise EvaluationError("no output token after the first: raise evaluate.max_new_tokens")
+    return float(draft.t2d.cpu()[torch.tensor(tokens)].float().mean())
+
+
 def _throughput(runs: list[Decoded]) -> dict:
     tokens = sum(len(run.tokens) for run in runs)
     seconds = sum(run.seconds for run in runs)
@@ -179,7 +192,7 @@ def benchmark_sets(
                 check_lossless(model, name, prompt, k, baseline[-1].tokens, by_k[k][-1].tokens)
                 rows.append(_row(name, prompt, k, by_k[k][-1]))
             bar.update()
-        results[name] = _summary(baseline, by_k)
+        results[name] = {**_summary(baseline, by_k), "draft_vocab_coverage": vocab_coverage(draft, baseline)}
         log.info("%s: %s", name, json.dumps(results[name]))
     bar.close()
     return results, rows
@@ -210,7 +223,8 @@ def markdown(benchmark: dict) -> str:
             "",
             f"## {name} ({result['prompts']} prompts)",
             "",
-            f"Baseline (target alone): {base['tokens']} tokens in {base['seconds']:.2f} s.",
+            f"Baseline (target alone): {base['tokens']} tokens in {base['seconds']:.2f} s. "
+            f"{coverage_sentence(result['draft_vocab_coverage'])}",
             "",
             "| k | AL | acceptance rate | per-position acceptance | tok/s draft | tok/s baseline "
             "| speed-up |",

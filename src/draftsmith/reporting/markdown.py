@@ -46,6 +46,13 @@ def fmt(value: object, digits: int = 2) -> str:
     return str(value)
 
 
+def coverage_sentence(coverage: float) -> str:
+    """How much of the target's output the draft vocabulary holds (benchmark tables)."""
+    return (
+        f"Draft vocabulary coverage of the target's output: {100 * coverage:.1f}% (a ceiling on acceptance)."
+    )
+
+
 def to_html(markdown: str, title: str) -> str:
     """A complete HTML page of `markdown` (the subset described in the module docstring)."""
     body = "\n".join(_block_html(block) for block in _blocks(markdown))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftsmith.reporting.markdown import fmt, table
+from draftsmith.reporting.markdown import coverage_sentence, fmt, table
 
 
 def by_k(prompt_set: dict) -> list[tuple[int, dict]]:
@@ -128,7 +128,7 @@ def _prompt_set(name: str, entry: dict) -> str:
     return (
         f"## Prompt set `{name}` ({fmt(entry['prompts'])} prompts)\n\n"
         f"Baseline (target alone): {fmt(base['tokens'])} tokens in {fmt(base['seconds'], 2)} s, "
-        f"{fmt(base['tokens_per_s'], 1)} tokens/s.\n\n"
+        f"{fmt(base['tokens_per_s'], 1)} tokens/s. {coverage_sentence(entry['draft_vocab_coverage'])}\n\n"
         + table(headers, rows)
         + f"\nBest: k={best_k}, {best['speedup']:.2f}x at acceptance length "
         f"{best['acceptance_length']:.2f}.\n"
