@@ -68,3 +68,11 @@ def test_grouped_decode_step_equals_sdpa_with_repeated_keys(dtype, tol):
     ).transpose(1, 2)
     assert out.shape == (batch, 1, heads, dim) and out.dtype == dtype
     torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+def test_grouped_decode_leaves_soft_capped_scores_to_sdpa():
+    """A decode step with logit soft-capping is not computed as plain attention: transformers'
+    SDPA function, which it goes to, refuses soft-capping."""
+    query, key, value = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="softcap"):
+        decode_attention.grouped_decode_attention(torch.nn.Module(), query, key, value, None, softcap=30.0)

@@ -8,8 +8,9 @@ with batch x cache length, and together they took most of a decode step at batch
 2,048 (bench/generate_throughput.py --profile). Here a group's query heads are
 multiplied by their shared keys and values directly, the softmax in float32.
 
-Prefill (more than one query) and anything unusual go to transformers' own SDPA
-function, so only the decode step's arithmetic differs, by rounding.
+Prefill (more than one query) and scores altered by soft-capping or a position bias go
+to transformers' own SDPA function, so only the decode step's arithmetic differs, by
+rounding. The mask is SDPA's (`register`): boolean, or None without padding.
 `use_grouped_decode` switches a loaded model to it for the duration of a block.
 """
 
@@ -39,8 +40,9 @@ def grouped_decode_attention(
 
     batch, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
-    plain = attention_mask is None or attention_mask.dtype == torch.bool
-    if queries != 1 or not plain or kwargs.get("position_bias") is not None or heads % kv_heads:
+    # Logit soft-capping or a position bias change the scores: SDPA's function handles or refuses them.
+    altered = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
+    if queries != 1 or altered:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
