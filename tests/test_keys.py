@@ -9,11 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from draftsmith import config as cfg
 from draftsmith import hashing, keys
 from draftsmith.hashing import HashCache
-from draftsmith.keys import Plan
+from draftsmith.keys import SEMANTIC_TRAIN, Plan
 
 
 def write_dataset(path: Path, prompts: list[str]) -> Path:
@@ -408,6 +409,7 @@ def train_keys(plan: Plan) -> dict:
     ("field", "value"),
     [
         ("ttt_steps", 5),
+        ("supervise", "all"),
         ("max_position_embeddings", 16384),
         ("lr", 3.0e-4),
         ("betas", [0.9, 0.99]),
@@ -428,6 +430,12 @@ def test_training_settings_move_only_the_draft_key(base, plan_of, field, value):
     after = train_keys(plan_of(base))
     assert after["draft"] != before["draft"]
     assert after["hidden"] == before["hidden"] and after["draft_vocab"] == before["draft_vocab"]
+
+
+def test_every_training_setting_but_placement_is_in_the_draft_key():
+    schema = yaml.safe_load(cfg.SCHEMA_PATH.read_text())
+    settings = set(schema["properties"]["train"]["properties"])
+    assert settings - {"device", "gpus"} == set(SEMANTIC_TRAIN)
 
 
 @pytest.mark.parametrize("field", ["draft_vocab_size", "val_fraction"])
