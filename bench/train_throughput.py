@@ -152,7 +152,6 @@ def main() -> None:
     settings = {
         "draft_vocab_size": args.draft_vocab,
         "ttt_steps": args.ttt,
-        "supervise": "response",
         "max_position_embeddings": 8192,
         "lr": 1e-4,
         "betas": [0.9, 0.95],

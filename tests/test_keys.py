@@ -409,7 +409,6 @@ def train_keys(plan: Plan) -> dict:
     ("field", "value"),
     [
         ("ttt_steps", 5),
-        ("supervise", "all"),
         ("max_position_embeddings", 16384),
         ("lr", 3.0e-4),
         ("betas", [0.9, 0.99]),

@@ -247,37 +247,6 @@ def test_data_parallel_gloo_equals_one_process(spec, tmp_path):
         torch.testing.assert_close(weights_two[name], tensor, rtol=1e-4, atol=1e-4)
 
 
-def _scored_counts(trainer: train.Trainer, items: list, prompts_too: bool) -> list[int]:
-    """Per TTT step j: positions t whose predicted token t+j+2 exists (and is a response
-    token, unless `prompts_too`) and whose target argmax at t+j+1 is in the draft vocabulary."""
-    batch = trainer.data.collate(items, torch.float32)
-    in_vocab = trainer.in_vocab(items, batch)
-    counts = []
-    for j in range(trainer.steps):
-        count = 0
-        for r, item in enumerate(items):
-            n = trainer.data.lengths[item]
-            for t in range(n - j - 2):
-                scored = prompts_too or bool(batch.loss_mask[r, t + j + 2])
-                count += int(scored and bool(in_vocab[r, t + j + 1]))
-        counts.append(count)
-    return counts
-
-
-def test_supervise_all_scores_prompt_positions_and_validates_on_responses(spec):
-    response = train.Trainer(spec)
-    everything = train.Trainer({**spec, "train": {**spec["train"], "supervise": "all"}})
-    assert everything.validate() == response.validate()  # same start, same validation positions
-    items = response.data.take(response.position, spec["train"]["grad_accum"])[0]
-    first_response, first_all = response.train_step(), everything.train_step()
-    assert first_all["tokens"] == first_response["tokens"]
-    for record, prompts_too in ((first_response, False), (first_all, True)):
-        per_batch = [_scored_counts(response, batch, prompts_too) for batch in items]
-        assert record["count_pos"] == [sum(column) for column in zip(*per_batch, strict=True)]
-    assert first_all["count_pos"][0] > first_response["count_pos"][0]
-    assert everything.validate()["count_pos"] == response.validate()["count_pos"]
-
-
 def test_lr_warms_up_then_decays_to_zero():
     schedule = train.WarmupCosine(warmup=4, total=20)
     values = [schedule(s) for s in range(20)]

@@ -43,7 +43,6 @@ SEMANTIC_GENERATION = ("backend", "max_new_tokens", "temperature", "top_p", "see
 SEMANTIC_TRAIN = (
     "draft_vocab_size",
     "ttt_steps",
-    "supervise",
     "max_position_embeddings",
     "lr",
     "betas",

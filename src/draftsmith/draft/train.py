@@ -356,18 +356,13 @@ class Trainer:
             rows[r, :n] = self._in_vocab[item]
         return rows.to(self.device)
 
-    def supervised(self, batch: Batch) -> torch.Tensor:
-        """The positions training scores: the responses, or with `supervise: all` every real
-        token (the target's distribution is known at prompt positions too)."""
-        return batch.attention_mask if self.train["supervise"] == "all" else batch.loss_mask
-
-    def _sums(self, batch: Batch, in_vocab: torch.Tensor, mask: torch.Tensor) -> list[dict]:
+    def _sums(self, batch: Batch, in_vocab: torch.Tensor) -> list[dict]:
         with self._autocast():
             return ttt_sums(
                 self.draft,
                 self.head,
                 batch.input_ids,
-                mask,
+                batch.loss_mask,
                 batch.attention_mask,
                 batch.aux,
                 batch.final,
@@ -415,7 +410,7 @@ class Trainer:
             batch = host_batch.to(self.device)
             in_vocab = self.in_vocab(items, batch)
             for j in range(k):
-                counts[j] += valid_positions(self.supervised(batch), batch.attention_mask, in_vocab, j).sum()
+                counts[j] += valid_positions(batch.loss_mask, batch.attention_mask, in_vocab, j).sum()
             prepared.append((batch, in_vocab))
         counts = self.dist.all_reduce(counts).tolist()
         weights = [STEP_DECAY**j / max(c, 1.0) for j, c in enumerate(counts)]
@@ -423,7 +418,7 @@ class Trainer:
         totals = torch.zeros(3 * k + 2, dtype=torch.float64, device=self.device)
         mark = self._mark(timings, "prepare_s", mark)
         for batch, in_vocab in prepared:
-            stats = self._sums(batch, in_vocab, self.supervised(batch))
+            stats = self._sums(batch, in_vocab)
             loss = sum(w * s["loss_sum"] for w, s in zip(weights, stats, strict=True))
             mark = self._mark(timings, "forward_s", mark)
             loss.backward()
@@ -481,8 +476,7 @@ class Trainer:
         totals = torch.zeros(3 * k + 2, dtype=torch.float64, device=self.device)
         for items in plans[self.dist.rank :: self.dist.world]:
             batch = self._loader.submit(self.data.collate, items, self.input_dtype).result().to(self.device)
-            # Always the responses: the figures compare across `supervise` settings.
-            for j, s in enumerate(self._sums(batch, self.in_vocab(items, batch), batch.loss_mask)):
+            for j, s in enumerate(self._sums(batch, self.in_vocab(items, batch))):
                 totals[j] += s["loss_sum"].double()
                 totals[k + j] += s["correct"].double()
                 totals[2 * k + j] += s["count"].double()
