@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import write_training
 
-from draftsmith import atomic, stages, target
+from draftsmith import atomic, special_tokens, stages, target
 from draftsmith import config as cfg
 from draftsmith.datasets import Prompt
 from draftsmith.draft import vocab
@@ -67,7 +67,7 @@ def model_info(demo_model_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def stops(model_info) -> list[int]:
-    return sd.stop_ids(model_info)
+    return special_tokens.stop_ids(model_info)
 
 
 @pytest.fixture(scope="module")

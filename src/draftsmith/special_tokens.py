@@ -25,6 +25,13 @@ def _as_list(value) -> list[int]:
     return [int(v) for v in (value if isinstance(value, list | tuple) else [value])]
 
 
+def stop_ids(model_info: dict) -> list[int]:
+    """The ids in-process decoding stops on (generation and the evaluator): the end-of-turn
+    ids plus the generation config's eos ids, from the model stage's record."""
+    tokens = model_info["special_tokens"]
+    return sorted(set(tokens["end_of_turn"]["ids"]) | set(tokens["generation_config_eos_ids"]))
+
+
 def special_vocab(tokenizer) -> dict[str, int]:
     """Every special token and its id: the named ones (bos, eos, ...) and every added token
     flagged special. transformers releases differ in which of these `all_special_tokens`

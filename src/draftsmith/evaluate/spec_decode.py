@@ -52,12 +52,6 @@ class Decoded:
         return len(self.reach)
 
 
-def stop_ids(model_info: dict) -> list[int]:
-    """End-of-turn ids plus the generation config's eos ids, as the HF backend stops on."""
-    tokens = model_info["special_tokens"]
-    return sorted(set(tokens["end_of_turn"]["ids"]) | set(tokens["generation_config_eos_ids"]))
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

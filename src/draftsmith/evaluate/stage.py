@@ -260,7 +260,7 @@ def _load_models(config: dict, model_info: dict, export_dir: Path):
 
 def evaluate_draft(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
     """Rule `evaluate`: benchmark the exported SGLang draft on the held-out prompt sets."""
-    from draftsmith.evaluate.spec_decode import stop_ids
+    from draftsmith.special_tokens import stop_ids
     from draftsmith.stages import plan_for, read_model_info
 
     started = time.time()

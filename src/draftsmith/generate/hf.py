@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from draftsmith import target
+from draftsmith.special_tokens import stop_ids
 
 if TYPE_CHECKING:
     from draftsmith.datasets import Prompt
@@ -35,7 +37,7 @@ class HFBackend:
         self.model = target.load_model(hf_dir, dtype, hf_cfg["device"])
         self.attention = hf_cfg["attention"]
         tokens = model_info["special_tokens"]
-        self.stop_ids = sorted(set(tokens["end_of_turn"]["ids"]) | set(tokens["generation_config_eos_ids"]))
+        self.stop_ids = stop_ids(model_info)
         self.pad_id = tokens["pad_token_id"] if tokens["pad_token_id"] is not None else self.stop_ids[0]
         torch.manual_seed(generation["seed"])
 
@@ -86,8 +88,6 @@ def attention_setting(model, attention: str):
     takes a mask, and cuDNN's kernel is planned per shape while every decode step has
     a new key length); or that, with decode steps on grouped matmuls
     (`decode_attention`). bench/generate_throughput.py compares them."""
-    import contextlib
-
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from draftsmith.generate.decode_attention import use_grouped_decode
