@@ -3,7 +3,7 @@
 GPU (default): Llama-3.1-8B shapes (hidden 4096, 32 layers, intermediate 14336,
 32/8 heads, vocab 128256) with random bf16 weights made directly on the GPU,
 batches of `--batch-size` x `--seq-len` random token ids. For each mode it times,
-wall clock, one `draftsmith.extract.hf.extract` call into a fresh `ShardWriter`
+wall clock, one `draftsmith.hidden.hf.extract` call into a fresh `ShardWriter`
 on local disk, from before the writer is made until `close()` (fsync included)
 returns, after a warm-up extraction of the same shape. Forward-only (the base
 model, no hooks) runs over the same batches before and after the modes; the
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from draftsmith import shards
-from draftsmith.extract.hf import AuxCapture, MergedSample, _pad, batches, extract
-from draftsmith.layers import default_aux_layers
-from draftsmith.shards import ShardReader, ShardWriter
+from draftsmith.formats import shards
+from draftsmith.formats.shards import ShardReader, ShardWriter
+from draftsmith.hidden.hf import AuxCapture, MergedSample, _pad, batches, extract
+from draftsmith.target.layers import default_aux_layers
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "artifacts/model/4c5aabee756e1114/hf"
 LLAMA_8B = {

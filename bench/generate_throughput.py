@@ -23,7 +23,7 @@ import torch
 from train_throughput import SHAPES  # this folder's draft-training bench
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftsmith.generate.hf import ATTENTION, generate_ids
+from draftsmith.responses.hf import ATTENTION, generate_ids
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB, ROPE_THETA = SHAPES["demo"]
 # SmolLM2-135M-Instruct's config.json: the shapes above, 30 layers, tied embeddings.

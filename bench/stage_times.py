@@ -10,8 +10,9 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
-from draftsmith import config as cfg
 from draftsmith.stages import plan_for
+
+from draftsmith import config as cfg
 
 
 def planned_keys(config: dict) -> set[str]:

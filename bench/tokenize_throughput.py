@@ -14,8 +14,9 @@ import argparse
 import os
 import time
 
-from draftsmith import atomic, target
-from draftsmith.tokenize import ChatTokenizer, tokenize_records
+from draftsmith.store import atomic
+from draftsmith.target import load as target
+from draftsmith.tokens.chat import ChatTokenizer, tokenize_records
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftsmith.draft import train
 from draftsmith.draft.vocab import build
-from draftsmith.shards import ShardWriter
+from draftsmith.formats.shards import ShardWriter
+from draftsmith.train import loop as train
 
 SHAPES = {
     # hidden, intermediate, heads, kv heads, vocab, rope theta

@@ -1,4 +1,5 @@
-# Shared helpers for the rules: artifact paths come from the Plan (src/draftsmith/keys.py).
+# Shared helpers for the rules: every artifact path comes from the artifact plan
+# (PLAN, src/draftsmith/store/plan.py); this file only adds what input functions need.
 
 
 wildcard_constraints:
@@ -8,15 +9,15 @@ wildcard_constraints:
     segment="[0-9]{5}",
 
 
-def planned(kind, wildcards):
-    """The planned directory of a per-dataset artifact; refuses a stale key."""
-    keys = {"responses": PLAN.response_keys, "tokens": PLAN.token_keys}[kind]
-    if keys.get(wildcards.dataset) != wildcards.key:
+def planned(stage, wildcards):
+    """The planned artifact of a per-dataset stage; refuses a key this config does not plan."""
+    artifact = getattr(PLAN, stage).get(wildcards.dataset)
+    if artifact is None or artifact.key != wildcards.key:
         raise ValueError(
-            f"{kind}/{wildcards.dataset}/{wildcards.key} is not what this config plans "
-            f"(expected key {keys.get(wildcards.dataset)})"
+            f"{stage}/{wildcards.dataset}/{wildcards.key} is not what this config plans "
+            f"(expected key {artifact.key if artifact else None})"
         )
-    return str(PLAN.root / kind / wildcards.dataset / wildcards.key)
+    return artifact
 
 
 def existing(paths):
@@ -25,8 +26,10 @@ def existing(paths):
     return [str(p) for p in paths if Path(p).exists()]
 
 
-def model_info_file():
-    return str(PLAN.model_dir / "model.json")
+MODEL_INFO = str(PLAN.model.path("info"))
+MERGED = str(PLAN.merged.path("train"))
+MERGED_RESPONSES = [str(PLAN.responses[n].path("responses")) for n in PLAN.merged_datasets]
+FIRST_SHARD = str(PLAN.shard(PLAN.shard_names[0]))
 
 
 def model_source_input(_wildcards):
@@ -44,7 +47,7 @@ def prompt_set_paths(*names):
 
 
 def dataset_source(wildcards):
-    planned("responses", wildcards)  # refuses a key this config does not plan
+    planned("responses", wildcards)
     return existing([config["datasets"][wildcards.dataset]["path"]])
 
 
@@ -57,8 +60,8 @@ def dataset_backend(wildcards):
 
 
 def planned_responses(wildcards):
-    planned("tokens", wildcards)  # refuses a key this config does not plan
-    return str(PLAN.responses_dir(wildcards.dataset) / "responses.jsonl")
+    planned("tokens", wildcards)
+    return str(PLAN.responses[wildcards.dataset].path("responses"))
 
 
 def previous_checkpoint(wildcards):

@@ -1,29 +1,23 @@
 # Evaluate: held-out prompts decoded by the target alone and with the exported SGLang
 # draft (chain speculative decoding, greedy, checked lossless against the target).
-# Logic: src/draftsmith/evaluate/. A prompt set that overlaps the training prompts fails.
+# A prompt set that overlaps the training prompts fails. Logic: src/draftsmith/evaluate/.
 
 
 rule evaluate:
     input:
-        model=model_info_file(),
-        export_config=str(PLAN.export_dir / "sglang" / "config.json"),
-        export_weights=str(PLAN.export_dir / "sglang" / "model.safetensors"),
-        export_manifest=str(PLAN.export_dir / "sglang" / "draftsmith_export.json"),
-        merged=str(PLAN.merged_dir / "train.jsonl"),
-        responses=[
-            str(PLAN.responses_dir(n) / "responses.jsonl")
-            for n in PLAN.merged_datasets
-        ],
+        model=MODEL_INFO,
+        export_config=str(PLAN.export.path("sglang_config")),
+        export_weights=str(PLAN.export.path("sglang_weights")),
+        export_record=str(PLAN.export.path("sglang_record")),
+        merged=MERGED,
+        responses=MERGED_RESPONSES,
         prompt_sets=prompt_set_paths(),
     output:
-        json=str(PLAN.eval_dir / "benchmark.json"),
-        md=str(PLAN.eval_dir / "benchmark.md"),
-        per_prompt=str(PLAN.eval_dir / "per_prompt.jsonl"),
-        manifest=str(PLAN.eval_dir / "manifest.json"),
+        **PLAN.evaluate.outputs,
     log:
-        f"{LOGS}/evaluate/{PLAN.eval_key}.log",
+        f"{LOGS}/evaluate/{PLAN.evaluate.key}.log",
     benchmark:
-        f"benchmarks/evaluate/{PLAN.eval_key}.tsv"
+        f"benchmarks/evaluate/{PLAN.evaluate.key}.tsv"
     conda:
         "../envs/gpu.yaml"
     threads: 2

@@ -1,25 +1,19 @@
 # Export: the trained draft as an SGLang draft directory and a vLLM speculators directory,
-# each validated by reloading it (see src/draftsmith/draft/export.py) before it counts.
+# each validated by reloading it before it counts. Logic: src/draftsmith/export/.
 
 
 rule export:
     input:
-        model=model_info_file(),
-        weights=str(PLAN.draft_dir / "draft.safetensors"),
-        config=str(PLAN.draft_dir / "draft_config.json"),
-        shard=str(PLAN.hidden_dir / f"{PLAN.shard_names[0]}.json"),
+        model=MODEL_INFO,
+        weights=str(PLAN.train.path("weights")),
+        config=str(PLAN.train.path("config")),
+        shard=FIRST_SHARD,
     output:
-        sglang_config=str(PLAN.export_dir / "sglang" / "config.json"),
-        sglang_weights=str(PLAN.export_dir / "sglang" / "model.safetensors"),
-        sglang_manifest=str(PLAN.export_dir / "sglang" / "draftsmith_export.json"),
-        vllm_config=str(PLAN.export_dir / "vllm" / "config.json"),
-        vllm_weights=str(PLAN.export_dir / "vllm" / "model.safetensors"),
-        vllm_manifest=str(PLAN.export_dir / "vllm" / "draftsmith_export.json"),
-        manifest=str(PLAN.export_dir / "manifest.json"),
+        **PLAN.export.outputs,
     log:
-        f"{LOGS}/export/{PLAN.export_key}.log",
+        f"{LOGS}/export/{PLAN.export.key}.log",
     benchmark:
-        f"benchmarks/export/{PLAN.export_key}.tsv"
+        f"benchmarks/export/{PLAN.export.key}.tsv"
     conda:
         "../envs/gpu.yaml"
     resources:

@@ -1,21 +1,22 @@
 # Target model: fetch the source once, convert GGUF to HF safetensors, record special tokens.
+# Logic: src/draftsmith/model/.
 
 
 rule model:
     input:
         model_source_input,
     output:
-        info=str(PLAN.model_dir / "model.json"),
-        manifest=str(PLAN.model_dir / "manifest.json"),
+        info=MODEL_INFO,
+        manifest=str(PLAN.model.manifest),
         hf=(
-            directory(str(PLAN.model_dir / "hf"))
+            directory(str(PLAN.model.path("hf")))
             if config["model"]["source"]["kind"] != "hf_dir"
             else []
         ),
     log:
-        f"{LOGS}/model/{PLAN.model_key}.log",
+        f"{LOGS}/model/{PLAN.model.key}.log",
     benchmark:
-        f"benchmarks/model/{PLAN.model_key}.tsv"
+        f"benchmarks/model/{PLAN.model.key}.tsv"
     conda:
         "../envs/data.yaml"
     resources:

@@ -1,34 +1,34 @@
 # Reports: figures, the benchmark summary (results/<experiment>/benchmark.md) and HTML
-# pages of the data, plan and benchmark reports, all marked for `snakemake --report`.
+# pages of the data report, the hidden-state estimate and the benchmark, all marked for `snakemake --report`.
 # Snakemake's HTML report shows HTML and images inline (Markdown only as a download),
 # hence the HTML pages. After a run whose DAG holds rule `report`, the `onsuccess`
-# handler writes results/<experiment>/report.html (src/draftsmith/reporting/workflow.py).
+# handler writes results/<experiment>/report.html (src/draftsmith/report/workflow.py).
 
-from draftsmith.reporting.workflow import ReportedFiles, write_html_report
+from draftsmith.report.workflow import ReportedFiles, write_html_report
 
 reported = ReportedFiles(PLAN.results_dir, config["experiment"])
 
 
 rule report:
     input:
-        data_report=str(PLAN.merged_dir / "data_report.json"),
-        data_report_md=str(PLAN.merged_dir / "data_report.md"),
-        plan_report=str(PLAN.results_dir / "plan_report.json"),
-        plan_report_md=str(PLAN.results_dir / "plan_report.md"),
-        train_summary=str(PLAN.draft_dir / "train_summary.json"),
+        data_report=str(PLAN.merged.path("report")),
+        data_report_md=str(PLAN.merged.path("report_md")),
+        estimate=str(PLAN.result("estimate")),
+        estimate_md=str(PLAN.result("estimate_md")),
+        train_summary=str(PLAN.train.path("summary")),
         metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
         benchmark=(
-            [str(PLAN.eval_dir / "benchmark.json")]
+            [str(PLAN.evaluate.path("json"))]
             if config["evaluate"]["enabled"]
             else []
         ),
         serve_benchmark=(
-            [str(PLAN.serve_bench_dir / "serve_benchmark.md")]
+            [str(PLAN.serve_bench.path("md"))]
             if config["serve_benchmark"]["enabled"]
             else []
         ),
     output:
-        summary=str(PLAN.results_dir / "benchmark.md"),
+        summary=str(PLAN.result("summary")),
         summary_html=reported(
             "benchmark.html", "Benchmark", "Tables", "benchmark summary"
         ),
@@ -46,8 +46,8 @@ rule report:
         ),
         data_report_html=reported("data_report.html", "Data", "Tables", "data report"),
         data_plot=reported("plots/data.png", "Data", "Figures", "tokens and cost"),
-        plan_report_html=reported(
-            "plan_report.html", "Extraction plan", "Tables", "plan report"
+        estimate_html=reported(
+            "hidden_estimate.html", "Hidden-state estimate", "Tables", "estimate"
         ),
         training_loss=reported("plots/training_loss.png", "Training", "Figures", "loss"),
         training_accuracy=reported(
@@ -66,4 +66,4 @@ rule report:
 
 
 onsuccess:
-    write_html_report(workflow, PLAN.results_dir / "report.html")
+    write_html_report(workflow, PLAN.result("html_report"))

@@ -1,16 +1,14 @@
 # Responses: the target answers each dataset's prompts, one output per dataset.
 # Resumable: finished records go to journal.jsonl beside the outputs (not declared,
-# so Snakemake does not delete it before a rerun).
+# so Snakemake does not delete it before a rerun). Logic: src/draftsmith/responses/.
 
 
 rule responses:
     input:
-        model=model_info_file(),
+        model=MODEL_INFO,
         source=dataset_source,
     output:
-        responses=f"{PLAN.root}/responses/{{dataset}}/{{key}}/responses.jsonl",
-        bad_rows=f"{PLAN.root}/responses/{{dataset}}/{{key}}/bad_rows.jsonl",
-        manifest=f"{PLAN.root}/responses/{{dataset}}/{{key}}/manifest.json",
+        **output_patterns(PLAN.root, "responses"),
     log:
         f"{LOGS}/responses/{{dataset}}/{{key}}.log",
     benchmark:
@@ -20,11 +18,7 @@ rule responses:
     threads: 2
     resources:
         mem_mb=4000,
-        gpu=lambda w: (
-            config["generation"]["sglang"]["gpus"]
-            if dataset_backend(w) == "sglang"
-            else 0
-        ),
+        gpu=lambda w: responses_gpus(config, dataset_backend(w)),
     params:
         dataset=lambda w: w.dataset,
     script:

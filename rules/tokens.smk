@@ -1,13 +1,13 @@
-# Tokens: render each conversation with the target's chat template; ids + assistant loss mask.
+# Tokens: render each conversation with the target's chat template; ids + assistant loss
+# mask. Logic: src/draftsmith/tokens/.
 
 
 rule tokens:
     input:
-        model=model_info_file(),
+        model=MODEL_INFO,
         responses=planned_responses,
     output:
-        tokens=f"{PLAN.root}/tokens/{{dataset}}/{{key}}/tokens.jsonl",
-        manifest=f"{PLAN.root}/tokens/{{dataset}}/{{key}}/manifest.json",
+        **output_patterns(PLAN.root, "tokens"),
     log:
         f"{LOGS}/tokens/{{dataset}}/{{key}}.log",
     benchmark:
@@ -20,5 +20,6 @@ rule tokens:
         mem_mb=2000,
     params:
         dataset=lambda w: w.dataset,
+        workers=lambda wildcards, threads: threads,
     script:
         "../scripts/tokens.py"

@@ -1,5 +1,5 @@
 # verify: re-hash every artifact against its manifest and name what is corrupt or
-# missing. `python -m draftsmith.verify <artifacts> --fix` quarantines corrupt ones
+# missing. `python -m draftsmith.store.verify <artifacts> --fix` quarantines corrupt ones
 # and prints the exact targets that rebuild them.
 
 
@@ -13,4 +13,4 @@ rule verify:
     params:
         root=str(PLAN.root),
     shell:
-        "python -m draftsmith.verify {params.root} 2>&1 | tee {log}"
+        "python -m draftsmith.store.verify {params.root} 2>&1 | tee {log}"

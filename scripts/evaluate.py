@@ -1,6 +1,6 @@
-"""Snakemake entry point for rule `evaluate` (logic: draftsmith.evaluate.stage.evaluate_draft)."""
+"""Snakemake entry point for rule `evaluate` (logic: draftsmith.evaluate.stage.evaluate)."""
 
-from draftsmith.evaluate.stage import evaluate_draft
-from draftsmith.stages import from_snakemake
+from draftsmith.evaluate.stage import evaluate
+from draftsmith.runtime.jobs import from_snakemake
 
-from_snakemake(snakemake, evaluate_draft)  # noqa: F821 (injected by Snakemake)
+from_snakemake(snakemake, evaluate)  # noqa: F821 (injected by Snakemake)

@@ -1,5 +1,6 @@
-"""Snakemake entry point for rule `export` (logic: draftsmith.stages.export_draft)."""
+"""Snakemake entry point for rule `export` (logic: draftsmith.export.stage.export)."""
 
-from draftsmith.stages import export_draft, from_snakemake
+from draftsmith.export.stage import export
+from draftsmith.runtime.jobs import from_snakemake
 
-from_snakemake(snakemake, export_draft)  # noqa: F821 (injected by Snakemake)
+from_snakemake(snakemake, export)  # noqa: F821 (injected by Snakemake)

@@ -1,5 +1,6 @@
-"""Snakemake entry point for rule `model` (logic: draftsmith.stages.build_model)."""
+"""Snakemake entry point for rule `model` (logic: draftsmith.model.stage.model)."""
 
-from draftsmith.stages import build_model, from_snakemake
+from draftsmith.model.stage import model
+from draftsmith.runtime.jobs import from_snakemake
 
-from_snakemake(snakemake, build_model)  # noqa: F821 (injected by Snakemake)
+from_snakemake(snakemake, model)  # noqa: F821 (injected by Snakemake)

@@ -1,6 +1,6 @@
-"""Snakemake entry point for rule `report` (logic: draftsmith.reporting.build_report)."""
+"""Snakemake entry point for rule `report` (logic: draftsmith.report.stage.report)."""
 
-from draftsmith.reporting.build import build_report
-from draftsmith.stages import from_snakemake
+from draftsmith.report.stage import report
+from draftsmith.runtime.jobs import from_snakemake
 
-from_snakemake(snakemake, build_report)  # noqa: F821 (injected by Snakemake)
+from_snakemake(snakemake, report)  # noqa: F821 (injected by Snakemake)

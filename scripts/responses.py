@@ -1,5 +1,6 @@
-"""Snakemake entry point for rule `responses` (logic: draftsmith.stages.generate_responses)."""
+"""Snakemake entry point for rule `responses` (logic: draftsmith.responses.stage.responses)."""
 
-from draftsmith.stages import from_snakemake, generate_responses
+from draftsmith.responses.stage import responses
+from draftsmith.runtime.jobs import from_snakemake
 
-from_snakemake(snakemake, generate_responses)  # noqa: F821 (injected by Snakemake)
+from_snakemake(snakemake, responses)  # noqa: F821 (injected by Snakemake)

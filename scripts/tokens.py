@@ -1,5 +1,6 @@
-"""Snakemake entry point for rule `tokens` (logic: draftsmith.stages.tokenize_dataset)."""
+"""Snakemake entry point for rule `tokens` (logic: draftsmith.tokens.stage.tokens)."""
 
-from draftsmith.stages import from_snakemake, tokenize_dataset
+from draftsmith.runtime.jobs import from_snakemake
+from draftsmith.tokens.stage import tokens
 
-from_snakemake(snakemake, tokenize_dataset)  # noqa: F821 (injected by Snakemake)
+from_snakemake(snakemake, tokens)  # noqa: F821 (injected by Snakemake)

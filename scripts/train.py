@@ -1,5 +1,6 @@
-"""Snakemake entry point for rule `train` (logic: draftsmith.stages.finish_training)."""
+"""Snakemake entry point for rule `train` (logic: draftsmith.train.stage.train)."""
 
-from draftsmith.stages import finish_training, from_snakemake
+from draftsmith.runtime.jobs import from_snakemake
+from draftsmith.train.stage import train
 
-from_snakemake(snakemake, finish_training)  # noqa: F821 (injected by Snakemake)
+from_snakemake(snakemake, train)  # noqa: F821 (injected by Snakemake)

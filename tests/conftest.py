@@ -17,7 +17,7 @@ DEMO_SOURCE = yaml.safe_load((REPO / "config.yaml").read_text())["model"]["sourc
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct dequantised from the pinned GGUF, as the model stage does."""
-    from draftsmith import target
+    from draftsmith.target import load as target
 
     cached = os.environ.get("DRAFTSMITH_TEST_MODEL_DIR")
     if cached and (Path(cached) / "config.json").exists():
@@ -33,7 +33,7 @@ def transformers_server(demo_model_dir):
     """A real `transformers serve` on loopback serving the demo model: (base_url, model name)."""
     from transformers_serve import start_transformers_serve
 
-    from draftsmith.process import free_port
+    from draftsmith.runtime.process import free_port
 
     with start_transformers_serve(demo_model_dir, free_port()) as url:
         yield url, str(demo_model_dir)
@@ -48,8 +48,8 @@ def write_rows(path: Path, prompts: list[str]) -> Path:
 
 def write_training(tmp: Path, questions: dict[str, str]) -> tuple[Path, Path]:
     """A merged train.jsonl (ids only matter) and the responses.jsonl holding the prompts."""
-    from draftsmith import atomic
-    from draftsmith.generate.records import Usage, response_record
+    from draftsmith.formats.responses import Usage, response_record
+    from draftsmith.store import atomic
 
     responses = [
         response_record(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import atomic, manifest, verify
-from draftsmith.journal import Journal
+from draftsmith.store import atomic, manifest, verify
+from draftsmith.store.journal import Journal
 
 
 class Boom(Exception):

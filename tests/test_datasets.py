@@ -1,4 +1,4 @@
-"""draftsmith.datasets: formats, bad-row reporting, caps and every source kind."""
+"""draftsmith.formats.datasets: formats, bad-row reporting, caps and every source kind."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from draftsmith.datasets import BadRow, LoadedDataset, load_prompts
 from draftsmith.errors import DatasetError
+from draftsmith.formats.datasets import BadRow, LoadedDataset, load_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "resources" / "datasets"
@@ -282,7 +282,7 @@ def test_dataset_without_any_valid_prompt_is_an_error(tmp_path):
 
 def test_bad_rows_are_logged_with_path_and_line(tmp_path, caplog):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, {"prompt": ""}])
-    with caplog.at_level("INFO", logger="draftsmith.datasets"):
+    with caplog.at_level("INFO", logger="draftsmith.formats.datasets"):
         load_prompts("p", entry(path))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [f"p: {path}:2: prompt: text is empty (empty-prompt)"]

@@ -13,21 +13,11 @@ import pytest
 import torch
 from conftest import write_training
 
-from draftsmith import atomic, special_tokens, stages, target
 from draftsmith import config as cfg
-from draftsmith.datasets import Prompt
+from draftsmith import stages
 from draftsmith.draft import vocab
-from draftsmith.draft.export import export_sglang, load_sglang_export
 from draftsmith.draft.model import DraftConfig, Eagle3Draft, shift
 from draftsmith.evaluate import spec_decode as sd
-from draftsmith.evaluate.prompts import (
-    EvalPrompt,
-    OverlapError,
-    check_overlap,
-    load_prompt_set,
-    prompt_hash,
-    training_prompts,
-)
 from draftsmith.evaluate.stage import (
     EvaluationError,
     LosslessError,
@@ -38,7 +28,20 @@ from draftsmith.evaluate.stage import (
     export_aux_layers,
     vocab_coverage,
 )
-from draftsmith.layers import AuxLayers
+from draftsmith.export.formats import export_sglang, load_sglang_export
+from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.prompt_sets import (
+    EvalPrompt,
+    OverlapError,
+    check_overlap,
+    load_prompt_set,
+    prompt_hash,
+    training_prompts,
+)
+from draftsmith.store import atomic
+from draftsmith.target import load as target
+from draftsmith.target import special_tokens
+from draftsmith.target.layers import AuxLayers
 
 REPO = Path(__file__).resolve().parents[1]
 # The first makes the target repeat ", hello": with a two-token draft vocabulary of
@@ -303,7 +306,7 @@ def test_overlap_needs_every_training_prompt(tmp_path):
 def test_demo_heldout_set_is_disjoint_from_every_demo_dataset_row(demo_model_dir):
     """Every row of the demo datasets, not just the merged ones: a later cap change must
     not turn the shipped held-out set into training data."""
-    from draftsmith.datasets import load_prompts
+    from draftsmith.formats.datasets import load_prompts
 
     formats = {"chat": "messages", "code": "prompt", "math": "sharegpt"}
     training = {}

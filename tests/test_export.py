@@ -13,7 +13,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from draftsmith.draft import vocab
-from draftsmith.draft.export import (
+from draftsmith.draft.model import DraftConfig, Eagle3Draft
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.formats import (
     CONFIG_FILE,
     KEY_MAPS,
     MANIFEST_FILE,
@@ -28,10 +30,8 @@ from draftsmith.draft.export import (
     validate_sglang,
     validate_vllm,
 )
-from draftsmith.draft.model import DraftConfig, Eagle3Draft
-from draftsmith.errors import DraftsmithError
-from draftsmith.hashing import sha256_file
-from draftsmith.layers import AuxLayers
+from draftsmith.store.hashing import sha256_file
+from draftsmith.target.layers import AuxLayers
 
 H, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, DRAFT_VOCAB, LAYERS = 32, 64, 4, 2, 8, 300, 50, 30
 SERVING = 4096

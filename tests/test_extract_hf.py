@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith import target
-from draftsmith.extract.hf import AuxCapture, ExtractionError, MergedSample, extract
-from draftsmith.layers import AuxLayers
-from draftsmith.shards import ShardReader, ShardWriter
+from draftsmith.formats.shards import ShardReader, ShardWriter
+from draftsmith.hidden.hf import AuxCapture, ExtractionError, MergedSample, extract
+from draftsmith.target import load as target
+from draftsmith.target.layers import AuxLayers
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_stored_states_equal_hf_hidden_states(model, tmp_path):
 
 def test_misaligned_rows_are_caught(model, tmp_path, monkeypatch):
     """Left padding sliced as if right-padded stores the wrong positions: refused, nothing written."""
-    from draftsmith.extract import hf
+    from draftsmith.hidden import hf
 
     def left_pad(batch, pad_id):
         width = len(batch[0].input_ids)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftsmith.extract import plan
-from draftsmith.extract.hf import MergedSample, batches
+from draftsmith.hidden import estimate as plan
+from draftsmith.hidden.hf import MergedSample, batches
 
 
 def test_assign_balances_tokens_and_is_deterministic():

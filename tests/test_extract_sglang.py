@@ -1,7 +1,7 @@
 """SGLang hidden-state capture: commands, refusals, request building and payload parsing.
 
 No GPU here, so no real SGLang server: payloads are built in the shape SGLang
-documents (see draftsmith.extract.sglang's docstring for the source files),
+documents (see draftsmith.hidden.sglang's docstring for the source files),
 and the server's lifetime is checked with a small stand-in.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from draftsmith import config
 from draftsmith.errors import DraftsmithError
-from draftsmith.extract.sglang import (
+from draftsmith.hidden.sglang import (
     CaptureError,
     CaptureMode,
     SGLangCapture,
@@ -28,8 +28,8 @@ from draftsmith.extract.sglang import (
     read_target_config,
     validate_capture_command,
 )
-from draftsmith.layers import AuxLayers
-from draftsmith.process import free_port
+from draftsmith.runtime.process import free_port
+from draftsmith.target.layers import AuxLayers
 
 H = 8
 LLAMA = {

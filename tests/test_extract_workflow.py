@@ -88,7 +88,7 @@ def test_kill9_mid_extraction_rebuilds_only_unfinished_shards(tmp_path, demo_mod
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    verify = [sys.executable, "-m", "draftsmith.verify", str(tmp_path / "artifacts"), "--fix"]
+    verify = [sys.executable, "-m", "draftsmith.store.verify", str(tmp_path / "artifacts"), "--fix"]
     fixed = subprocess.run(verify, capture_output=True, text=True)
     assert fixed.returncode == 1 and "shard-00001" in fixed.stdout
     targets = fixed.stdout.split("snakemake ", 1)[1].split()

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith import target
-from draftsmith.generate import decode_attention
-from draftsmith.generate.hf import ATTENTION, attention_setting, generate_ids
+from draftsmith.responses import decode_attention
+from draftsmith.responses.hf import ATTENTION, attention_setting, generate_ids
+from draftsmith.target import load as target
 
 GENERATION = {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.gpus import GpuLeaseError, acquire_gpus, visible_devices
+from draftsmith.runtime.gpus import GpuLeaseError, acquire_gpus, visible_devices
 
 DEVICES = ["0", "1", "2"]
 
@@ -20,7 +20,7 @@ DEVICES = ["0", "1", "2"]
 JOB = """
 import os, sys, time
 from pathlib import Path
-from draftsmith.gpus import acquire_gpus
+from draftsmith.runtime.gpus import acquire_gpus
 devices, lock_dir, hold_s = sys.argv[1].split(","), Path(sys.argv[2]), float(sys.argv[3])
 with acquire_gpus(1, visible=devices, lock_dir=lock_dir, timeout_s=30):
     print("got", os.environ["CUDA_VISIBLE_DEVICES"], time.time(), flush=True)
@@ -134,6 +134,6 @@ def test_without_nvidia_smi_asks_torch_in_a_child(monkeypatch, tmp_path):
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, draftsmith.gpus; print('torch' in sys.modules)"
+    code = "import sys, draftsmith.runtime.gpus; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""draftsmith.keys and hashing: stage keys move exactly when their semantic inputs do."""
+"""draftsmith.store.plan and hashing: stage keys move exactly when their semantic inputs do."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from draftsmith import config as cfg
-from draftsmith import hashing, keys
-from draftsmith.hashing import HashCache
-from draftsmith.keys import SEMANTIC_TRAIN, Plan
+from draftsmith.store import hashing
+from draftsmith.store import plan as keys
+from draftsmith.store.hashing import HashCache
+from draftsmith.store.plan import SEMANTIC_TRAIN, Plan
 
 
 def write_dataset(path: Path, prompts: list[str]) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers import (
+from draftsmith.target.layers import (
     AuxLayers,
     LayerIdError,
     config_aux_layers,

@@ -1,10 +1,12 @@
-"""draftsmith.merge (seeded caps and shuffle) and draftsmith.report (the data report)."""
+"""draftsmith.merged.merge (seeded caps and shuffle) and draftsmith.merged.data_report (the data report)."""
 
 from __future__ import annotations
 
 import copy
 
-from draftsmith import atomic, merge, report
+from draftsmith.merged import data_report as report
+from draftsmith.merged import merge
+from draftsmith.store import atomic
 
 
 def samples(name: str, count: int) -> list[dict]:

@@ -15,10 +15,10 @@ import pytest
 from fault_proxy import FaultProxy
 
 from draftsmith.config import load_schema
-from draftsmith.datasets import Prompt
 from draftsmith.errors import BudgetReached, GenerationError
-from draftsmith.generate.openai_api import OpenAIBackend, parse_retry_after, redact
-from draftsmith.generate.records import Usage
+from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.responses import Usage
+from draftsmith.responses.openai_api import OpenAIBackend, parse_retry_after, redact
 
 GENERATION = {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}
 FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05, "timeout_s": 5}

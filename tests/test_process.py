@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from draftsmith.errors import ServerError
-from draftsmith.process import ManagedServer, free_port, redact
+from draftsmith.runtime.process import ManagedServer, free_port, redact
 
 # A stand-in server: forks two sleeping workers, records all pids, then serves
 # /health after --delay (or exits with --exit-code instead).
@@ -70,8 +70,8 @@ JOB = r"""
 import json, os, sys, time
 from pathlib import Path
 
-from draftsmith.jobs import install_signal_handlers
-from draftsmith.process import ManagedServer
+from draftsmith.runtime.jobs import install_signal_handlers
+from draftsmith.runtime.process import ManagedServer
 
 cmd, url, ready, mode = json.loads(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 install_signal_handlers()

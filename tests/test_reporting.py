@@ -2,7 +2,7 @@
 
 The benchmark input comes from rule `evaluate`; here it is a fixture in that rule's fixed
 schema (`fixture_benchmark`). The other inputs are built with the real report helpers
-(`draftsmith.report`, `draftsmith.extract.plan`) or mirror the real records field for field.
+(`draftsmith.merged.data_report`, `draftsmith.hidden.estimate`) or mirror the real records field for field.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, snakemake, snakemake_cmd, workflow_config, write_rows
+from draftsmith.stages import plan_for
 from matplotlib.image import imread
 
-from draftsmith import atomic, report
 from draftsmith import config as cfg
-from draftsmith.extract import plan as extract_plan
-from draftsmith.reporting import plots
-from draftsmith.reporting.build import build_report
-from draftsmith.reporting.markdown import to_html
-from draftsmith.reporting.summary import benchmark_markdown
-from draftsmith.reporting.workflow import report_command
-from draftsmith.stages import plan_for
+from draftsmith.formats.markdown import to_html
+from draftsmith.hidden import estimate as extract_plan
+from draftsmith.merged import data_report as report
+from draftsmith.report import plots
+from draftsmith.report.stage import build_report
+from draftsmith.report.summary import benchmark_markdown
+from draftsmith.report.workflow import report_command
+from draftsmith.store import atomic
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = {
@@ -81,7 +82,7 @@ def fixture_benchmark(lossless: bool = True) -> dict:
 
 
 def fixture_data_report(costs: tuple[float, float] = (0.0, 0.0)) -> dict:
-    """A data report built by draftsmith.report from per-stage counts, as rule `merge` does."""
+    """A data report built by draftsmith.merged.data_report from per-stage counts, as rule `merge` does."""
     rows = [
         report.dataset_row(
             name,

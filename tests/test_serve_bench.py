@@ -1,7 +1,7 @@
 """The SGLang serving benchmark: commands, refusals, payload parsing, arithmetic, server lifetimes.
 
 No GPU and no SGLang server here: payloads are built in the shape sglang 0.5.23 documents
-(see draftsmith.serving.metrics' docstring for the source file), and server lifetimes are
+(see draftsmith.serve_bench.metrics' docstring for the source file), and server lifetimes are
 checked against a small stand-in started through the same launch code.
 """
 
@@ -18,14 +18,12 @@ from pathlib import Path
 import pytest
 from conftest import write_rows, write_training
 
-from draftsmith import manifest
 from draftsmith.config import ConfigError, validate
 from draftsmith.errors import ServerError
-from draftsmith.evaluate.prompts import OverlapError
-from draftsmith.process import free_port
-from draftsmith.serving import metrics
-from draftsmith.serving.bench import BenchPrompt, build_commands, run_benchmark, run_server, serve_benchmark
-from draftsmith.serving.command import (
+from draftsmith.formats.prompt_sets import OverlapError
+from draftsmith.runtime.process import free_port
+from draftsmith.serve_bench import metrics
+from draftsmith.serve_bench.command import (
     ServeBenchError,
     build_command,
     check_draft,
@@ -33,6 +31,14 @@ from draftsmith.serving.command import (
     check_extra_args,
     serving_context,
 )
+from draftsmith.serve_bench.stage import (
+    BenchPrompt,
+    build_commands,
+    run_benchmark,
+    run_server,
+    serve_benchmark,
+)
+from draftsmith.store import manifest
 
 MODEL = "/models/target"
 DRAFT = Path("/artifacts/export/0123456789abcdef/sglang")
@@ -542,8 +548,8 @@ JOB = r"""
 import json, sys
 from pathlib import Path
 
-from draftsmith.jobs import install_signal_handlers
-from draftsmith.serving.bench import BenchPrompt, run_benchmark
+from draftsmith.runtime.jobs import install_signal_handlers
+from draftsmith.serve_bench.stage import BenchPrompt, run_benchmark
 
 bench, port, logs = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 install_signal_handlers()

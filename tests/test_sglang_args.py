@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftsmith.sglang_args import abbreviates, canonical, flag_names, parse_flags
+from draftsmith.runtime.sglang import abbreviates, canonical, flag_names, parse_flags
 
 
 def test_values_follow_their_flag_up_to_the_next_flag():

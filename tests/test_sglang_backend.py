@@ -11,14 +11,14 @@ import httpx
 import pytest
 
 from draftsmith.errors import DraftsmithError, GenerationError
-from draftsmith.generate.records import Usage
-from draftsmith.generate.sglang import (
+from draftsmith.formats.responses import Usage
+from draftsmith.responses.sglang import (
     SGLangBackend,
     SGLangConfigError,
     build_launch_command,
     server_url,
 )
-from draftsmith.process import free_port
+from draftsmith.runtime.process import free_port
 
 MODEL = "/models/target"
 
@@ -173,9 +173,9 @@ def test_backend_runs_generation_inside_the_server_and_tears_it_down(tmp_path, m
                 raise GenerationError("upstream failed")
             emit({"id": prompts[0]})
 
-    stub = types.ModuleType("draftsmith.generate.openai_api")
+    stub = types.ModuleType("draftsmith.responses.openai_api")
     stub.OpenAIBackend = StubOpenAIBackend
-    monkeypatch.setitem(sys.modules, "draftsmith.generate.openai_api", stub)
+    monkeypatch.setitem(sys.modules, "draftsmith.responses.openai_api", stub)
 
     cfg = _cfg(python=str(fake), port=port, startup_timeout_s=30)
     openai_cfg = {"base_url": "https://paid.example/v1", "model": "paid", "api_key_env": "KEY"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.shards import (
+from draftsmith.formats.shards import (
     MODES,
     SHARD_FORMAT_VERSION,
     ZSTD_EXPECTED_RATIO,

@@ -1,4 +1,4 @@
-"""draftsmith.special_tokens on the real demo tokenizer and model (SmolLM2-135M-Instruct, ChatML).
+"""draftsmith.target.special_tokens on the real demo tokenizer and model (SmolLM2-135M-Instruct, ChatML).
 
 `<|im_end|>` is id 2 there, and also the eos. The failure this module exists for: a
 vocabulary holding an ordinary token that reads like `<|im_end|>` (163533 vs 163586
@@ -12,8 +12,10 @@ import logging
 
 import pytest
 
-from draftsmith import special_tokens, stages, target
+from draftsmith import stages
 from draftsmith.errors import ModelError
+from draftsmith.target import load as target
+from draftsmith.target import special_tokens
 
 IM_END = 2
 IM_START = 1
@@ -79,7 +81,7 @@ def test_real_tokenizer_has_no_lookalikes(tokenizer):
 
 
 def test_inspect_with_model_records_emitted_end_of_turn(tokenizer, model, caplog):
-    with caplog.at_level(logging.WARNING, logger="draftsmith.special_tokens"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.target.special_tokens"):
         report = special_tokens.inspect(tokenizer, IM_END, [IM_END], model)
     assert report["emitted_end_of_turn_id"] == IM_END
     assert report["end_of_turn"]["ids"] == [IM_END]
@@ -89,7 +91,7 @@ def test_inspect_with_model_records_emitted_end_of_turn(tokenizer, model, caplog
     assert report["special_tokens"]["<|im_end|>"] == IM_END
     assert report["special_tokens"]["<|im_start|>"] == IM_START
     assert report["eos_token_id"] == IM_END
-    assert not [r for r in caplog.records if r.name == "draftsmith.special_tokens"]
+    assert not [r for r in caplog.records if r.name == "draftsmith.target.special_tokens"]
 
 
 def test_probe_emitted_is_the_models_real_stop_id(tokenizer, model):
@@ -131,10 +133,10 @@ def test_lookalike_is_listed_and_warned(lookalike_tokenizer, caplog):
     # The template still ends a turn with the real special token, not the look-alike.
     assert special_tokens.template_end_of_turn(tok)["ids"] == [IM_END]
     assert special_tokens.lookalikes(tok, [IM_END]) == {str(IM_END): [lookalike]}
-    with caplog.at_level(logging.WARNING, logger="draftsmith.special_tokens"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.target.special_tokens"):
         report = special_tokens.inspect(tok, IM_END, [IM_END])
     assert report["lookalikes"] == {str(IM_END): [lookalike]}
-    warnings = [r for r in caplog.records if r.name == "draftsmith.special_tokens"]
+    warnings = [r for r in caplog.records if r.name == "draftsmith.target.special_tokens"]
     assert len(warnings) == 1
     assert warnings[0].levelno == logging.WARNING
     assert str(lookalike) in warnings[0].getMessage()

@@ -1,4 +1,4 @@
-"""draftsmith.tokenize on the real demo tokenizer (SmolLM2-135M-Instruct, ChatML).
+"""draftsmith.tokens.chat on the real demo tokenizer (SmolLM2-135M-Instruct, ChatML).
 
 Records are built with `response_record`, as every backend builds them. The loss
 mask must cover the reply plus its `<|im_end|>` (id 2) and nothing of the prompt;
@@ -14,12 +14,13 @@ import shutil
 
 import pytest
 
-from draftsmith import stages, target
-from draftsmith.datasets import Prompt
+from draftsmith import stages
 from draftsmith.errors import TokenizeError
-from draftsmith.generate.hf import HFBackend
-from draftsmith.generate.records import Usage, response_record
-from draftsmith.tokenize import ChatTokenizer, TokenizeStats, tokenize_records
+from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.responses import Usage, response_record
+from draftsmith.responses.hf import HFBackend
+from draftsmith.target import load as target
+from draftsmith.tokens.chat import ChatTokenizer, TokenizeStats, tokenize_records
 
 IM_END = 2
 EOT = "<|im_end|>"

@@ -13,13 +13,14 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith import config as cfg
-from draftsmith import stages, target
-from draftsmith.draft import data as train_data
-from draftsmith.draft import train
-from draftsmith.draft.data import TrainData, held_out_ids, id_fraction, pack, sort_windows
+from draftsmith import stages
 from draftsmith.draft.vocab import build, count_supervised
-from draftsmith.layers import AuxLayers
-from draftsmith.shards import ShardWriter
+from draftsmith.formats.shards import ShardWriter
+from draftsmith.target import load as target
+from draftsmith.target.layers import AuxLayers
+from draftsmith.train import data as train_data
+from draftsmith.train import loop as train
+from draftsmith.train.data import TrainData, held_out_ids, id_fraction, pack, sort_windows
 
 TEXTS = [
     ("What is the capital of France?", "The capital of France is Paris."),

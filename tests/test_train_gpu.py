@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_train import assert_ttt_attention_matches_explicit, hidden, read_records, spec  # noqa: F401 (fixtures)
 
-from draftsmith.draft import train
+from draftsmith.train import loop as train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -87,7 +87,7 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     assert all(
         v["logits_max_abs_diff"] <= v["logits_tolerance"]["atol"] for v in export_manifest["stats"].values()
     )
-    verify = [sys.executable, "-m", "draftsmith.verify", str(tmp_path / "artifacts")]
+    verify = [sys.executable, "-m", "draftsmith.store.verify", str(tmp_path / "artifacts")]
     assert subprocess.run(verify, capture_output=True, text=True).returncode == 0
 
     # Train again from nothing, killing snakemake and its job during segment 2.

@@ -15,11 +15,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from draftsmith.errors import ConfigError
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with the key path at fault in the message."""
 
 
 def _with_defaults(validator_class: type) -> type:
@@ -105,18 +103,6 @@ def _check_references(config: dict, source: str) -> None:
     if not enabled_datasets(config, merged_only=True):
         raise ConfigError(f"{source}: no dataset is both enabled and not excluded from the merge")
     _check_train(config, source)
-    _check_serve_benchmark(config, source)
-
-
-def _check_serve_benchmark(config: dict, source: str) -> None:
-    if not config["serve_benchmark"]["enabled"]:
-        return
-    from draftsmith.serving.command import ServeBenchError, check_config  # the rules live there
-
-    try:
-        check_config(config)
-    except ServeBenchError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _check_train(config: dict, source: str) -> None:

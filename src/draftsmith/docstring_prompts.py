@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith import atomic
 from draftsmith.errors import DraftsmithError
+from draftsmith.store import atomic
 
 # What a prompt asks of the documented object; picked per object by a hash of its name.
 TEMPLATES = (

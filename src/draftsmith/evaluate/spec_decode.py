@@ -35,7 +35,7 @@ from transformers import DynamicCache
 
 from draftsmith.draft.model import Eagle3Draft
 from draftsmith.draft.vocab import draft_to_target
-from draftsmith.layers import AuxLayers
+from draftsmith.target.layers import AuxLayers
 
 # Proposals and the target's argmax at each verified position -> proposals accepted.
 AcceptFn = Callable[[list[int], list[int]], int]

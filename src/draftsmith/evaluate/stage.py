@@ -24,16 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftsmith import atomic, gpus, jobs, manifest, target
 from draftsmith.errors import DraftsmithError
-from draftsmith.evaluate.prompts import EvalPrompt, check_overlap, load_prompt_set, training_prompts
-from draftsmith.reporting.markdown import coverage_sentence
-from draftsmith.stages import evaluate_gpus
+from draftsmith.formats.markdown import coverage_sentence
+from draftsmith.formats.prompt_sets import EvalPrompt, check_overlap, load_prompt_set, training_prompts
+from draftsmith.runtime import gpus, jobs
+from draftsmith.runtime.resources import evaluate_gpus
+from draftsmith.store import atomic, manifest
+from draftsmith.store.plan import plan_for
+from draftsmith.target import load as target
 
 if TYPE_CHECKING:
     from draftsmith.draft.model import Eagle3Draft
     from draftsmith.evaluate.spec_decode import AcceptFn, Decoded
-    from draftsmith.layers import AuxLayers
+    from draftsmith.target.layers import AuxLayers
 
 log = logging.getLogger("draftsmith.evaluate")
 
@@ -65,8 +68,8 @@ def device_name(device) -> str:
 def export_aux_layers(export_dir: Path, num_layers: int) -> AuxLayers:
     """The aux layers the exported draft was trained on, read as SGLang reads them and
     cross-checked with the export's own record of all three conventions."""
-    from draftsmith.draft import export
-    from draftsmith.layers import AuxLayers
+    from draftsmith.export import formats as export
+    from draftsmith.target.layers import AuxLayers
 
     config = json.loads((export_dir / export.CONFIG_FILE).read_text())
     record = json.loads((export_dir / export.MANIFEST_FILE).read_text())["aux_layers"]
@@ -243,7 +246,7 @@ def markdown(benchmark: dict) -> str:
 def _load_models(config: dict, model_info: dict, export_dir: Path):
     import torch
 
-    from draftsmith.draft.export import load_sglang_export
+    from draftsmith.export.formats import load_sglang_export
 
     ev = config["evaluate"]
     # Verifying k+1 tokens at once must pick the argmax one-at-a-time decoding picks:
@@ -258,17 +261,16 @@ def _load_models(config: dict, model_info: dict, export_dir: Path):
     return model, draft, export_aux_layers(export_dir, model_info["num_hidden_layers"])
 
 
-def evaluate_draft(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
     """Rule `evaluate`: benchmark the exported SGLang draft on the held-out prompt sets."""
-    from draftsmith.special_tokens import stop_ids
-    from draftsmith.stages import plan_for, read_model_info
+    from draftsmith.target.special_tokens import stop_ids
 
     started = time.time()
-    plan = plan_for(config)
+    artifact = plan_for(config).evaluate
     ev = config["evaluate"]
     if not ev["prompt_sets"]:
         raise EvaluationError("evaluate.prompt_sets is empty: configure at least one held-out prompt set")
-    model_info = read_model_info(Path(inputs["model"]).parent)
+    model_info = target.model_info(inputs["model"])
     tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
     system_prompt = config["generation"]["system_prompt"]
     sets = {
@@ -282,7 +284,7 @@ def evaluate_draft(config: dict, inputs: dict, outputs: dict, log_file: str | No
         results, rows = benchmark_sets(model, draft, aux, sets, settings)
         device = device_name(model.device)
     benchmark = {
-        "key": plan.eval_key,
+        "key": artifact.key,
         "device": device,
         "dtype": ev["dtype"],
         "max_new_tokens": ev["max_new_tokens"],
@@ -292,20 +294,12 @@ def evaluate_draft(config: dict, inputs: dict, outputs: dict, log_file: str | No
         "prompt_sets": results,
     }
     write_outputs(benchmark, rows, outputs)
-    manifest.write(
-        outputs["manifest"],
-        stage="eval",
-        key=plan.eval_key,
-        files=[Path(outputs[name]) for name in ("json", "md", "per_prompt")],
-        params=ev,
-        upstream={"model": plan.model_key, "export": plan.export_key, "merged": plan.merged_key},
-        stats={
-            "device": device,
-            "aux_layers": aux.as_manifest(),
-            "prompts": {name: len(prompts) for name, prompts in sets.items()},
-        },
-        started=started,
-    )
+    stats = {
+        "device": device,
+        "aux_layers": aux.as_manifest(),
+        "prompts": {name: len(prompts) for name, prompts in sets.items()},
+    }
+    manifest.write(artifact, [artifact.path(role) for role in ("json", "md", "per_prompt")], stats, started)
     return benchmark
 
 

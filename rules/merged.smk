@@ -1,0 +1,22 @@
+# Merged: the selected datasets, capped and shuffled by seed, plus the data report.
+# Logic: src/draftsmith/merged/.
+
+
+rule merged:
+    input:
+        tokens=[str(PLAN.tokens[n].path("tokens")) for n in PLAN.merged_datasets],
+        responses=MERGED_RESPONSES,
+    output:
+        **PLAN.merged.outputs,
+    log:
+        f"{LOGS}/merged/{PLAN.merged.key}.log",
+    benchmark:
+        f"benchmarks/merged/{PLAN.merged.key}.tsv"
+    conda:
+        "../envs/data.yaml"
+    resources:
+        mem_mb=2000,
+    params:
+        datasets=PLAN.merged_datasets,
+    script:
+        "../scripts/merged.py"

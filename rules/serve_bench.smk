@@ -1,0 +1,27 @@
+# Serve bench (production path, GPUs and SGLang only): the converted target served
+# alone, then with the exported SGLang draft for each k, one server at a time; per-server
+# logs beside the report. Logic and refusals: src/draftsmith/serve_bench/.
+
+
+rule serve_bench:
+    input:
+        model=MODEL_INFO,
+        draft_config=str(PLAN.export.path("sglang_config")),
+        draft_weights=str(PLAN.export.path("sglang_weights")),
+        prompts=prompt_set_paths(config["serve_benchmark"]["prompt_set"]),
+        merged=MERGED,
+        responses=MERGED_RESPONSES,
+    output:
+        **PLAN.serve_bench.outputs,
+    log:
+        f"{LOGS}/serve_bench/{PLAN.serve_bench.key}.log",
+    benchmark:
+        f"benchmarks/serve_bench/{PLAN.serve_bench.key}.tsv"
+    conda:
+        "../envs/sglang.yaml"
+    threads: 2
+    resources:
+        mem_mb=16000,
+        gpu=serve_bench_gpus(config),
+    script:
+        "../scripts/serve_bench.py"

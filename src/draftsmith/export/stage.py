@@ -1,0 +1,53 @@
+"""Rule `export`: the draft in SGLang and vLLM speculators formats, each validated by
+reloading (keys, shapes, context, layer-id convention, logits) before it counts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from draftsmith.export import formats
+from draftsmith.store import manifest
+from draftsmith.store.plan import plan_for
+from draftsmith.target.layers import AuxLayers
+from draftsmith.target.load import hf_config, load_target, model_info
+
+log = logging.getLogger("draftsmith.export")
+
+
+def export(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    started = time.time()
+    plan = plan_for(config)
+    artifact = plan.export
+    settings = artifact.params
+    hf_dir = Path(model_info(inputs["model"])["hf_dir"])
+    _, weights = load_target(hf_dir, config["model"]["trust_remote_code"])
+    draft = formats.load_trained_draft(Path(inputs["weights"]), Path(inputs["config"]), weights["embed"])
+    aux = AuxLayers.from_manifest(json.loads(Path(inputs["shard"]).read_text())["meta"]["layers"])
+    common = {
+        "aux": aux,
+        "target_config": hf_config(hf_dir),
+        "serving_context": settings["serving_context"],
+        "dtype": settings["dtype"],
+    }
+    records = {
+        formats.SGLANG: formats.export_sglang(
+            draft,
+            plan.export_dir(formats.SGLANG),
+            allow_ambiguous_sglang_ids=settings["allow_ambiguous_sglang_ids"],
+            **common,
+        ),
+        formats.VLLM: formats.export_vllm(
+            draft,
+            plan.export_dir(formats.VLLM),
+            verifier_name_or_path=settings["verifier_name_or_path"] or str(hf_dir),
+            speculative_tokens=settings["speculative_tokens"],
+            **common,
+        ),
+    }
+    files = [artifact.path(role) for role in outputs if role != "manifest"]
+    manifest.write(artifact, files, {fmt: r["validation"] for fmt, r in records.items()}, started)
+    log.info("export %s: %s validated", artifact.key, " and ".join(str(plan.export_dir(f)) for f in records))
+    return records

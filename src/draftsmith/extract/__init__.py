@@ -1,1 +1,0 @@
-"""Hidden-state extraction: shard plan, the hf backend, and the plan report."""

@@ -1,0 +1,389 @@
+"""Load prompt datasets declared in config, validating every row.
+
+Sources are a JSONL file (`.jsonl`/`.json`, one object per line), a Parquet
+file, or a directory written by `datasets`' `save_to_disk`. Rows become chat
+prompts (a message list ending with a user turn); every row that cannot become
+one is reported as a `BadRow`, never dropped silently. A dataset whose share of
+bad rows exceeds `max_bad_fraction` is a `DatasetError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import DatasetError
+
+log = logging.getLogger("draftsmith.formats.datasets")
+
+# Schema defaults (dataset_defaults), for entries that were not resolved by config.
+DEFAULT_MAX_BAD_FRACTION = 0.05
+DEFAULT_MAX_PROMPT_TOKENS = 4096
+ERROR_EXAMPLES = 5
+JSONL_SUFFIXES = (".jsonl", ".json")
+PARQUET_BATCH_ROWS = 1024
+UTF8_BOM = b"\xef\xbb\xbf"
+
+CountTokens = Callable[[list[dict[str, str]]], int]
+
+
+@dataclass
+class Prompt:
+    id: str
+    index: int
+    line: int | None
+    messages: list[dict[str, str]]
+
+
+@dataclass
+class BadRow:
+    index: int
+    line: int | None
+    field: str | None
+    reason: str
+    detail: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class LoadedDataset:
+    name: str
+    prompts: list[Prompt]
+    bad_rows: list[BadRow]
+    total_rows: int
+    skipped_over_cap: int
+
+
+class _Bad(Exception):
+    """A row that cannot become a prompt; caught per row and turned into a BadRow."""
+
+    def __init__(self, reason: str, field: str | None, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.field, self.detail = reason, field, detail
+
+
+# --- sources ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Source:
+    rows: Iterator[tuple[int | None, Any]]  # (1-based line or None, raw row)
+    total: int | None  # row count when known without reading the rows
+
+
+def _open_source(name: str, path: Path, split: str | None) -> _Source:
+    if not path.exists():
+        raise DatasetError(f"dataset {name!r}: {path} does not exist")
+    if path.is_dir():
+        return _hf_source(name, path, split)
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        return _Source(_jsonl_rows(path), None)
+    if suffix == ".parquet":
+        return _parquet_source(name, path)
+    raise DatasetError(
+        f"dataset {name!r}: {path}: unsupported file type {suffix or '(none)'!r} "
+        "(expected .jsonl, .json, .parquet or a save_to_disk directory)"
+    )
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
+    # Bytes, not text: a line of invalid UTF-8 must be a bad row, not a crash.
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM) :]
+            if raw.strip():
+                yield number, raw.rstrip(b"\r\n")
+
+
+def _parquet_source(name: str, path: Path) -> _Source:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"dataset {name!r}: {path}: not a readable Parquet file: {exc}") from exc
+
+    def rows() -> Iterator[tuple[None, dict]]:
+        for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                yield None, row
+
+    return _Source(rows(), file.metadata.num_rows)
+
+
+def _hf_source(name: str, path: Path, split: str | None) -> _Source:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError as exc:
+        raise DatasetError(
+            f"dataset {name!r}: {path}: not a directory written by datasets' save_to_disk: {exc}"
+        ) from exc
+    if isinstance(loaded, datasets.DatasetDict):
+        loaded = _pick_split(name, path, loaded, split)
+    # A saved format (e.g. torch) would turn strings into tensors; read plain Python.
+    table = loaded.with_format(None)
+    return _Source(((None, row) for row in table), len(table))
+
+
+def _pick_split(name: str, path: Path, splits: Any, split: str | None) -> Any:
+    available = ", ".join(sorted(splits))
+    if split is None:
+        raise DatasetError(
+            f"dataset {name!r}: {path} is a DatasetDict with splits [{available}]; "
+            f"set datasets.{name}.split to one of them"
+        )
+    if split not in splits:
+        raise DatasetError(f"dataset {name!r}: {path}: split {split!r} not found (available: {available})")
+    return splits[split]
+
+
+def _as_object(raw: Any) -> dict:
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Bad("invalid-utf8", None, f"invalid UTF-8 at byte {exc.start}") from None
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            detail = f"invalid JSON: {exc.msg} (column {exc.colno})"
+            raise _Bad("bad-json", None, detail) from None
+    if not isinstance(raw, dict):
+        raise _Bad("not-an-object", None, f"expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+# --- row formats -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a conversation format keeps its turns, roles and texts."""
+
+    turns: str
+    role: str
+    content: str
+    roles: dict[str, str]  # source role name -> chat role
+
+
+_LAYOUTS = {
+    "sharegpt": _Layout(
+        "conversations",
+        "from",
+        "value",
+        {
+            "system": "system",
+            "human": "user",
+            "user": "user",
+            "gpt": "assistant",
+            "assistant": "assistant",
+        },
+    ),
+    "messages": _Layout(
+        "messages",
+        "role",
+        "content",
+        {"system": "system", "user": "user", "assistant": "assistant"},
+    ),
+}
+
+
+def _text(value: Any, field: str, empty_reason: str) -> str:
+    if value is None:
+        raise _Bad("missing-field", field, "field is missing")
+    if not isinstance(value, str):
+        raise _Bad("wrong-type", field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise _Bad(empty_reason, field, "text is empty")
+    return value
+
+
+def _prompt_messages(row: dict, prompt_field: str) -> list[dict[str, str]]:
+    user = _text(row.get(prompt_field), prompt_field, "empty-prompt")
+    system = row.get("system")
+    # Tabular sources fill absent columns with null, so null or blank means "no system".
+    if system is not None and not isinstance(system, str):
+        raise _Bad("wrong-type", "system", f"expected a string, got {type(system).__name__}")
+    messages = [{"role": "system", "content": system}] if system and system.strip() else []
+    return [*messages, {"role": "user", "content": user}]
+
+
+def _role(turn: Any, i: int, layout: _Layout) -> str:
+    where = f"{layout.turns}[{i}]"
+    if not isinstance(turn, dict):
+        raise _Bad("not-an-object", where, f"expected an object, got {type(turn).__name__}")
+    raw = turn.get(layout.role)
+    field = f"{where}.{layout.role}"
+    if raw is None:
+        raise _Bad("missing-field", field, "field is missing")
+    if not isinstance(raw, str) or raw not in layout.roles:
+        allowed = ", ".join(layout.roles)
+        raise _Bad("wrong-role", field, f"unknown role {raw!r} (allowed: {allowed})")
+    return layout.roles[raw]
+
+
+def _check_order(roles: list[str], layout: _Layout) -> None:
+    """System only first; then user, assistant, user, ... starting with user."""
+    start = 1 if roles[:1] == ["system"] else 0
+    if start == len(roles):
+        raise _Bad("no-user-turn", layout.turns, "conversation has no user turn")
+    for i in range(start, len(roles)):
+        expected = "user" if (i - start) % 2 == 0 else "assistant"
+        if roles[i] == expected:
+            continue
+        field = f"{layout.turns}[{i}].{layout.role}"
+        if roles[i] == "system":
+            raise _Bad("wrong-role", field, "a system message is only allowed first")
+        raise _Bad("wrong-role", field, f"expected a {expected} turn, got {roles[i]}")
+
+
+def _conversation_messages(row: dict, layout: _Layout) -> list[dict[str, str]]:
+    """The conversation up to its last user turn (the target regenerates the reply).
+
+    Every turn's role is checked, but only the kept turns' texts: the rest is discarded.
+    """
+    turns = row.get(layout.turns)
+    if turns is None:
+        raise _Bad("missing-field", layout.turns, "field is missing")
+    if not isinstance(turns, list):
+        raise _Bad("wrong-type", layout.turns, f"expected a list, got {type(turns).__name__}")
+    roles = [_role(turn, i, layout) for i, turn in enumerate(turns)]
+    _check_order(roles, layout)
+    last_user = max(i for i, role in enumerate(roles) if role == "user")
+    return [
+        {
+            "role": roles[i],
+            "content": _text(
+                turns[i].get(layout.content),
+                f"{layout.turns}[{i}].{layout.content}",
+                "empty-prompt" if i == last_user else "empty-message",
+            ),
+        }
+        for i in range(last_user + 1)
+    ]
+
+
+def _extractor(name: str, entry: dict) -> Callable[[dict], list[dict[str, str]]]:
+    fmt = entry["format"]
+    if fmt == "prompt":
+        field = entry.get("prompt_field") or "prompt"
+        return lambda row: _prompt_messages(row, field)
+    if fmt in _LAYOUTS:
+        layout = _LAYOUTS[fmt]
+        return lambda row: _conversation_messages(row, layout)
+    raise DatasetError(f"dataset {name!r}: unknown format {fmt!r} (expected prompt, sharegpt, messages)")
+
+
+def _with_system(messages: list[dict[str, str]], system_prompt: Any) -> list[dict[str, str]]:
+    # None leaves the choice to the chat template, which may add its own default.
+    if isinstance(system_prompt, str) and messages[0]["role"] != "system":
+        return [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def _where(path: Path, bad: BadRow) -> str:
+    return f"{path}:{bad.line}" if bad.line is not None else f"{path} row {bad.index}"
+
+
+def _describe(path: Path, bad: BadRow) -> str:
+    field = f" {bad.field}:" if bad.field else ""
+    return f"{_where(path, bad)}:{field} {bad.detail} ({bad.reason})"
+
+
+def _check_bad_share(name: str, path: Path, bad: list[BadRow], inspected: int, limit: float) -> None:
+    if not inspected or len(bad) / inspected <= limit:
+        return
+    examples = "\n".join(f"  {_describe(path, b)}" for b in bad[:ERROR_EXAMPLES])
+    more = f"\n  ... and {len(bad) - ERROR_EXAMPLES} more" if len(bad) > ERROR_EXAMPLES else ""
+    raise DatasetError(
+        f"dataset {name!r}: {len(bad)} of {inspected} rows in {path} are bad "
+        f"({len(bad) / inspected:.1%}), over max_bad_fraction {limit:.1%}:\n{examples}{more}"
+    )
+
+
+def load_prompts(name: str, entry: dict, count_tokens: CountTokens | None = None) -> LoadedDataset:
+    """Read and validate the dataset `name` described by the resolved config `entry`.
+
+    Rows are validated in source order until `max_samples` valid prompts are
+    collected; the rows after that are counted but not inspected at all, and
+    `skipped_over_cap` is that count. `count_tokens`, when given, is called only
+    on otherwise-valid rows before the cap; a prompt over `max_prompt_tokens`
+    is a bad row ("over-long"). The bad-row share is taken over inspected rows.
+    """
+    path = Path(entry["path"])
+    extract = _extractor(name, entry)
+    source = _open_source(name, path, entry.get("split"))
+    system_prompt = (entry.get("generation") or {}).get("system_prompt")
+    token_limit = entry.get("max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS)
+    cap = entry.get("max_samples")
+    prompts: list[Prompt] = []
+    bad: list[BadRow] = []
+    inspected = 0
+    for line, raw in source.rows:
+        index = inspected
+        inspected += 1
+        try:
+            messages = _with_system(extract(_as_object(raw)), system_prompt)
+            _check_length(messages, count_tokens, token_limit)
+        except _Bad as exc:
+            bad.append(BadRow(index, line, exc.field, exc.reason, exc.detail))
+            log.warning("%s: %s", name, _describe(path, bad[-1]))
+            continue
+        prompts.append(Prompt(f"{name}-{index:06d}", index, line, messages))
+        if cap is not None and len(prompts) >= cap:
+            break
+    skipped = _count_rest(source, inspected)
+    return _finish(name, entry, path, prompts, bad, inspected, skipped)
+
+
+def _check_length(messages: list[dict[str, str]], count_tokens: CountTokens | None, limit: int) -> None:
+    if count_tokens is None:
+        return
+    count = count_tokens(messages)
+    if count > limit:
+        raise _Bad("over-long", None, f"prompt has {count} tokens, over max_prompt_tokens {limit}")
+
+
+def _count_rest(source: _Source, inspected: int) -> int:
+    if source.total is not None:
+        return source.total - inspected
+    return sum(1 for _ in source.rows)  # JSONL: raw lines only, nothing parsed
+
+
+def _finish(
+    name: str,
+    entry: dict,
+    path: Path,
+    prompts: list[Prompt],
+    bad: list[BadRow],
+    inspected: int,
+    skipped: int,
+) -> LoadedDataset:
+    limit = entry.get("max_bad_fraction", DEFAULT_MAX_BAD_FRACTION)
+    _check_bad_share(name, path, bad, inspected, limit)
+    if not prompts:
+        raise DatasetError(f"dataset {name!r}: {path} has no valid prompt ({inspected} rows read)")
+    log.info(
+        "%s: %d prompts from %s (%d rows: %d bad, %d skipped over max_samples)",
+        name,
+        len(prompts),
+        path,
+        inspected + skipped,
+        len(bad),
+        skipped,
+    )
+    return LoadedDataset(name, prompts, bad, inspected + skipped, skipped)

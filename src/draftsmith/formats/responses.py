@@ -1,0 +1,64 @@
+"""The response record, shared by every backend and by the tokenize stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+
+
+def response_record(
+    *,
+    prompt_id: str,
+    dataset: str,
+    index: int,
+    messages: list[dict[str, str]],
+    response: str,
+    finish_reason: str | None,
+    usage: Usage,
+    reasoning: str | None = None,
+    response_token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    """One generated sample.
+
+    `messages` is the prompt conversation (ending with the user turn);
+    `response_token_ids` are the ids the generator emitted, when it reports them
+    (kept so the tokenize stage need not re-tokenize: encode(decode(ids)) != ids
+    for a few percent of responses).
+    """
+    return {
+        "id": prompt_id,
+        "dataset": dataset,
+        "index": index,
+        "messages": messages,
+        "response": response,
+        "reasoning": reasoning,
+        "response_token_ids": response_token_ids,
+        "prompt_token_ids": prompt_token_ids,
+        "finish_reason": finish_reason,
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+        },
+    }
+
+
+def record_usage(record: dict) -> Usage:
+    return Usage(**record["usage"])
+
+
+def cost_usd(usage: Usage, openai_cfg: dict) -> float:
+    return (
+        usage.prompt_tokens * openai_cfg["price_per_million_input"]
+        + usage.completion_tokens * openai_cfg["price_per_million_output"]
+    ) / 1e6

@@ -1,0 +1,71 @@
+"""The hidden-state estimate: tokens, bytes per storage mode, hours and free disk,
+written before any extraction runs, and the disk check every extraction job repeats."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+
+MODES = ("raw", "zstd", "fp8")
+
+
+class DiskSpaceError(DraftsmithError):
+    pass
+
+
+def free_bytes(path: Path) -> int:
+    path.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(path).free
+
+
+def estimate(assignment: dict, hidden_size: int, dtype: str, extract_cfg: dict, out_root: Path) -> dict:
+    from draftsmith.formats.shards import bytes_per_token
+
+    tokens = assignment["num_tokens"]
+    storage = {mode: round(tokens * bytes_per_token(hidden_size, dtype, mode)) for mode in MODES}
+    rate = extract_cfg["throughput_tok_s"]
+    return {
+        "shards": assignment["num_shards"],
+        "samples": assignment["num_samples"],
+        "tokens": tokens,
+        "tokens_per_shard": [s["num_tokens"] for s in assignment["shards"]],
+        "hidden_size": hidden_size,
+        "dtype": dtype,
+        "storage_mode": extract_cfg["storage"],
+        "bytes_by_mode": storage,
+        "bytes_needed": storage[extract_cfg["storage"]],
+        "free_bytes": free_bytes(out_root),
+        "throughput_tok_s": rate,
+        "estimated_hours": round(tokens / rate / 3600, 3) if rate else None,
+    }
+
+
+def check_disk(needed: int, free: int, allow: bool, what: str) -> None:
+    if needed > free and not allow:
+        raise DiskSpaceError(
+            f"{what} needs ~{needed / 1e9:.2f} GB but only {free / 1e9:.2f} GB are free; free space, "
+            "pick a smaller storage mode (zstd, fp8), or set extract.allow_disk_overcommit: true"
+        )
+
+
+def markdown(rep: dict, experiment: str) -> str:
+    gb = {mode: f"{b / 1e9:.3f} GB" for mode, b in rep["bytes_by_mode"].items()}
+    hours = "n/a (set extract.throughput_tok_s)" if rep["estimated_hours"] is None else rep["estimated_hours"]
+    rows = [
+        ("shards", rep["shards"]),
+        ("samples", f"{rep['samples']:,}"),
+        ("tokens", f"{rep['tokens']:,}"),
+        (
+            "tokens per shard (min/max)",
+            f"{min(rep['tokens_per_shard']):,} / {max(rep['tokens_per_shard']):,}",
+        ),
+        ("hidden size, dtype", f"{rep['hidden_size']}, {rep['dtype']}"),
+        *((f"bytes on disk, {mode}", size) for mode, size in gb.items()),
+        ("storage mode chosen", rep["storage_mode"]),
+        ("free disk", f"{rep['free_bytes'] / 1e9:.2f} GB"),
+        ("estimated hours", hours),
+    ]
+    body = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return f"# Hidden-state estimate: {experiment}\n\n| | |\n|---|---|\n{body}\n"

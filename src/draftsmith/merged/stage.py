@@ -1,0 +1,55 @@
+"""Rule `merged`: the selected datasets capped, shuffled by seed, plus the data report."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from draftsmith.merged import data_report
+from draftsmith.merged.merge import merge
+from draftsmith.store import atomic, manifest
+from draftsmith.store.plan import MANIFEST, plan_for
+
+log = logging.getLogger("draftsmith.merged")
+
+
+def merged(
+    config: dict, datasets: list[str], inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
+    started = time.time()
+    plan = plan_for(config)
+    artifact = plan.merged
+    tokens = dict(zip(datasets, inputs["tokens"], strict=True))
+    responses = dict(zip(datasets, inputs["responses"], strict=True))
+    per_dataset = {name: list(atomic.read_jsonl(path)) for name, path in tokens.items()}
+    samples, taken = merge(per_dataset, plan.merge_caps(), config["merge"]["seed"])
+    atomic.write_jsonl(artifact.path("train"), samples)
+    rows = [
+        data_report.dataset_row(
+            name,
+            manifest.read(Path(responses[name]).parent / MANIFEST)["stats"],
+            manifest.read(Path(tokens[name]).parent / MANIFEST)["stats"],
+            taken[name],
+        )
+        for name in sorted(tokens)
+    ]
+    report = {
+        "experiment": config["experiment"],
+        "key": artifact.key,
+        "seed": config["merge"]["seed"],
+        "max_length": config["tokenize"]["max_length"],
+        "excluded": config["merge"]["exclude"],
+        "datasets": rows,
+        "total": data_report.totals(rows),
+    }
+    atomic.write_json(artifact.path("report"), report)
+    atomic.write_text(artifact.path("report_md"), data_report.markdown(report))
+    stats = {
+        "samples": len(samples),
+        "tokens": sum(len(s["input_ids"]) for s in samples),
+        "per_dataset": taken,
+    }
+    manifest.write(artifact, [artifact.path(r) for r in ("train", "report", "report_md")], stats, started)
+    log.info("merged %d samples from %d datasets", len(samples), len(tokens))
+    return report

@@ -1,0 +1,69 @@
+"""Rule `model`: fetch and convert the target once, record its shapes and special tokens."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from draftsmith.errors import ModelError
+from draftsmith.model.source import convert_gguf, fetch_gguf
+from draftsmith.store import atomic, manifest
+from draftsmith.store.plan import plan_for
+from draftsmith.target import special_tokens
+from draftsmith.target.load import load_model, load_tokenizer
+
+
+def model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """Fetch/convert the target and record its special tokens in model.json."""
+    started = time.time()
+    artifact = plan_for(config).model
+    model_cfg = config["model"]
+    source = model_cfg["source"]
+    files: list[Path] = []
+    if source["kind"] == "hf_dir":
+        hf_dir = Path(source["path"]).resolve()
+        if not (hf_dir / "config.json").is_file():
+            raise ModelError(f"model.source.path: no config.json in {hf_dir}")
+    else:
+        hf_dir = artifact.path("hf")
+        with tempfile.TemporaryDirectory(dir=artifact.directory.parent) as tmp:
+            convert_gguf(fetch_gguf(source, Path(tmp)), hf_dir, model_cfg["dtype"])
+        files.append(hf_dir)
+    info = describe(hf_dir, model_cfg)
+    atomic.write_json(artifact.path("info"), info)
+    files.append(artifact.path("info"))
+    stats = {"num_hidden_layers": info["num_hidden_layers"], "vocab_size": info["vocab_size"]}
+    manifest.write(artifact, files, stats, started)
+    return info
+
+
+def describe(hf_dir: Path, model_cfg: dict) -> dict:
+    """What later stages need to know of the target, without loading it again."""
+    from transformers import AutoConfig, GenerationConfig
+
+    trust = model_cfg["trust_remote_code"]
+    tokenizer = load_tokenizer(hf_dir, trust)
+    hf_config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust)
+    text_config = hf_config.get_text_config()
+    try:
+        stop_ids = GenerationConfig.from_pretrained(hf_dir).eos_token_id
+    except OSError:
+        stop_ids = hf_config.eos_token_id
+    probe = (
+        load_model(hf_dir, model_cfg["dtype"], trust_remote_code=trust)
+        if model_cfg["probe_generation"]
+        else None
+    )
+    tokens = special_tokens.inspect(tokenizer, stop_ids, model_cfg.get("end_of_turn_ids"), probe)
+    return {
+        "hf_dir": str(hf_dir),
+        "architectures": hf_config.architectures,
+        "model_type": hf_config.model_type,
+        "num_hidden_layers": text_config.num_hidden_layers,
+        "hidden_size": text_config.hidden_size,
+        "vocab_size": text_config.vocab_size,
+        "max_position_embeddings": getattr(text_config, "max_position_embeddings", None),
+        "dtype": model_cfg["dtype"],
+        "special_tokens": tokens,
+    }

@@ -1,0 +1,84 @@
+"""Generation with a local SGLang server that this job starts and stops.
+
+The server runs the plain target (no speculative decoding: the responses must
+be the target's own). Requests go through the OpenAI-compatible backend, pointed
+at the server; the server's whole process tree is torn down when generation
+ends, fails or is interrupted (see `draftsmith.runtime.process`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftsmith.runtime.process import ManagedServer
+from draftsmith.runtime.sglang import (
+    SGLangConfigError,
+    base_launch_command,
+    check_owned_flags,
+    flag_names,
+    owned_flags,
+    server_url,
+)
+
+if TYPE_CHECKING:
+    from draftsmith.formats.datasets import Prompt
+    from draftsmith.formats.responses import Usage
+
+_SECTION = "generation.sglang"
+
+
+def build_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
+    """The `sglang.launch_server` command line for generation with the plain target."""
+    extra = [str(arg) for arg in sglang_cfg.get("extra_args") or []]
+    _check_extra_args(extra)
+    return base_launch_command(model_dir, sglang_cfg) + extra
+
+
+def _check_extra_args(extra: list[str]) -> None:
+    for flag in flag_names(extra):
+        if flag.startswith("--speculative"):
+            raise SGLangConfigError(
+                f"{_SECTION}.extra_args: {flag} is not allowed: generation must run "
+                "the plain target (speculative decoding belongs to the benchmark stage)"
+            )
+    check_owned_flags(extra, owned_flags(_SECTION), _SECTION)
+
+
+class SGLangBackend:
+    def __init__(
+        self,
+        dataset: str,
+        model_dir: str,
+        sglang_cfg: dict,
+        openai_cfg: dict,
+        generation: dict,
+        log_path: Path | None,
+    ) -> None:
+        self.dataset = dataset
+        self.model_dir = model_dir
+        self.sglang_cfg = sglang_cfg
+        self.generation = generation
+        self.log_path = log_path
+        self.cmd = build_launch_command(model_dir, sglang_cfg)  # fail before any work
+        # Our own server serves model_dir and needs no key: never send it a paid-API key.
+        url = f"{server_url(sglang_cfg)}/v1"
+        self.openai_cfg = {**openai_cfg, "base_url": url, "model": None, "api_key_env": None}
+
+    def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
+        server = ManagedServer(
+            self.cmd,
+            health_url=f"{server_url(self.sglang_cfg)}/health",
+            log_path=self.log_path,
+            startup_timeout_s=self.sglang_cfg["startup_timeout_s"],
+            name=f"sglang server for {self.dataset}",
+        )
+        with server:
+            # Imported here: the OpenAI backend (and its client) is only needed now.
+            from draftsmith.responses.openai_api import OpenAIBackend
+
+            backend = OpenAIBackend(
+                self.dataset, self.openai_cfg, self.generation, served_model=self.model_dir
+            )
+            backend.generate(prompts, emit, spent)

@@ -1,0 +1,152 @@
+"""Drive one dataset through a generation backend, resumably.
+
+Finished records go to a journal beside the declared outputs as they complete;
+a rerun after kill -9 or Ctrl-C sends nothing for a sample already in the
+journal. The declared `responses.jsonl` appears atomically, in prompt order,
+only when every prompt is done. The journal is kept: a kill between that write
+and Snakemake's bookkeeping makes Snakemake rerun (and first delete) a finished
+output, and the journal then answers every prompt without a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from draftsmith import config as cfg
+from draftsmith.formats.datasets import LoadedDataset, Prompt, load_prompts
+from draftsmith.formats.responses import Usage, cost_usd, record_usage
+from draftsmith.runtime.jobs import TokenRate, progress
+from draftsmith.store import atomic, manifest
+from draftsmith.store.journal import Journal
+from draftsmith.store.plan import JOURNAL, Artifact, plan_for
+from draftsmith.target.load import load_tokenizer, model_info
+
+log = logging.getLogger("draftsmith.responses")
+
+
+def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """Rule `responses`: the target's answer to every prompt of one dataset."""
+    artifact = plan_for(config).responses[dataset]
+    entry = cfg.dataset_settings(config, dataset)
+    info = model_info(inputs["model"])
+    tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
+
+    def count_tokens(messages: list[dict]) -> int:
+        return len(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+
+    loaded = load_prompts(dataset, entry, count_tokens)
+    # The server writes beside the rule log (the rule log is this job's own).
+    server_log = Path(log_file or outputs["responses"]).with_suffix(".server.log")
+    return run(
+        dataset=dataset,
+        loaded=loaded,
+        backend=make_backend(config, dataset, entry, info, server_log),
+        artifact=artifact,
+        openai_cfg=config["generation"]["openai"],
+    )
+
+
+def make_backend(config: dict, dataset: str, entry: dict, info: dict, server_log: Path) -> Backend:
+    generation = entry["generation"]
+    gen_cfg = config["generation"]
+    if generation["backend"] == "hf":
+        from draftsmith.responses.hf import HFBackend
+
+        return HFBackend(
+            dataset, info["hf_dir"], info, generation, gen_cfg["hf"], cfg.generation_dtype(config)
+        )
+    if generation["backend"] == "openai":
+        from draftsmith.responses.openai_api import OpenAIBackend
+
+        served = gen_cfg["openai"]["model"] or info["hf_dir"]
+        return OpenAIBackend(dataset, gen_cfg["openai"], generation, served_model=served)
+    from draftsmith.responses.sglang import SGLangBackend
+
+    return SGLangBackend(
+        dataset, info["hf_dir"], gen_cfg["sglang"], gen_cfg["openai"], generation, server_log
+    )
+
+
+class Backend(Protocol):
+    def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
+        """Generate a record for each prompt and pass it to `emit` as soon as it is done.
+
+        `spent` is the usage already journaled (for budget caps); backends may
+        raise `BudgetReached` to stop cleanly.
+        """
+
+
+def run(
+    *,
+    dataset: str,
+    loaded: LoadedDataset,
+    backend: Backend,
+    artifact: Artifact,
+    openai_cfg: dict,
+) -> dict:
+    started = time.time()
+    journal = Journal(artifact.directory / JOURNAL)
+    if journal.torn_lines:
+        log.warning("journal: dropped %d torn line(s) from an interrupted run", journal.torn_lines)
+    done = [p for p in loaded.prompts if p.id in journal]
+    pending = [p for p in loaded.prompts if p.id not in journal]
+    log.info(
+        "%s: %d prompts, %d already in the journal, %d to generate",
+        dataset,
+        len(loaded.prompts),
+        len(done),
+        len(pending),
+    )
+    spent = Usage()
+    for p in done:
+        spent.add(record_usage(journal.records[p.id]))
+
+    bar = progress(len(loaded.prompts), f"generate {dataset}", initial=len(done))
+    rate = TokenRate()
+
+    def emit(record: dict) -> None:
+        journal.append(record)
+        bar.update(1)
+        bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
+
+    try:
+        backend.generate(pending, emit, spent)
+    finally:
+        bar.close()
+        journal.close()
+
+    records = [journal.records[p.id] for p in loaded.prompts]
+    usage = Usage()
+    for record in records:
+        usage.add(record_usage(record))
+    atomic.write_jsonl(artifact.path("responses"), records)
+    atomic.write_jsonl(artifact.path("bad_rows"), [b.as_dict() for b in loaded.bad_rows])
+    stats = {
+        "rows": loaded.total_rows,
+        "samples": len(records),
+        "bad_rows": len(loaded.bad_rows),
+        "skipped_over_cap": loaded.skipped_over_cap,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cost_usd": round(cost_usd(usage, openai_cfg), 6),
+        "finish_reasons": _count(r["finish_reason"] for r in records),
+        "with_token_ids": sum(r["response_token_ids"] is not None for r in records),
+        "with_reasoning": sum(bool(r["reasoning"]) for r in records),
+    }
+    manifest.write(artifact, [artifact.path("responses"), artifact.path("bad_rows")], stats, started)
+    return stats
+
+
+def _count(values) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[str(value)] = counts.get(str(value), 0) + 1
+    return counts

@@ -1,0 +1,248 @@
+"""SGLang launch commands for the serving benchmark, and the refusals that keep its numbers true.
+
+Facts from sglang 0.5.23 (python/sglang/srt/arg_groups/fields/spec.py and
+arg_groups/speculative_hook.py, _handle_eagle_family):
+
+- A chain of k draft tokens is `--speculative-algorithm EAGLE3 --speculative-num-steps k
+  --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`. With topk 1, SGLang
+  replaces any other num_draft_tokens by k+1 and only logs a warning, so a config asking
+  for another value is refused rather than reported under a label it does not have.
+- EAGLE instead of EAGLE3 gives an EAGLE-3 draft the single last-layer state (H) instead
+  of the three aux layers (3H), without an error (is_eagle() vs is_eagle3()).
+- Extra args in `_REFUSED` change what is measured without an error (random draft
+  weights, a foreign vocabulary map, lossy acceptance, a k that moves at run time).
+- SGLANG_SIMULATE_ACC_LEN in the server's environment makes SGLang fake the acceptance
+  length (speculative/spec_utils.py: "turn off if < 0"), so a run with it set is refused.
+
+Plan-time checks (`check_config`, called from config validation) see only the config;
+`check_draft` repeats the context check against the exported config.json at run time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from draftsmith.config import export_serving_context
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.runtime.sglang import (
+    abbreviates,
+    base_launch_command,
+    check_owned_flags,
+    owned_flags,
+    parse_flags,
+)
+
+SECTION = "serve_benchmark"
+SGLANG_SECTION = f"{SECTION}.sglang"
+EAGLE3 = "EAGLE3"
+# The benchmark's servers answer on loopback only: they have no API key.
+HOST = "127.0.0.1"
+SIMULATE_ACCEPTANCE_ENV = "SGLANG_SIMULATE_ACC_LEN"
+_LOAD_FORMAT = "--load-format"
+_RANDOM_WEIGHTS = "dummy"
+
+# Flags the builder sets beyond `base_launch_command`'s, mapped to what to configure instead.
+_OWNED = {
+    "--speculative-algorithm": f"{SECTION}.speculative_algorithm",
+    "--speculative-draft-model-path": "nothing (the benchmark serves the export's sglang/ directory)",
+    "--speculative-draft-model": "nothing (the benchmark serves the export's sglang/ directory)",
+    "--speculative-num-steps": f"{SECTION}.k",
+    "--speculative-eagle-topk": f"{SECTION}.eagle_topk",
+    "--speculative-num-draft-tokens": f"{SECTION}.num_draft_tokens",
+    "--host": f"nothing (the benchmark serves on {HOST})",
+}
+_LOSSY = "accepts draft tokens the target would not choose: AL rises and the output is not the target's"
+_MOVING_K = "changes the number of draft steps at run time, so the result would not belong to its k"
+_REFUSED = {
+    "--speculative-draft-load-format": "can load random draft weights (dummy): acceptance ~1 and no error",
+    "--speculative-token-map": "replaces the draft's own vocabulary map (d2t) with another table",
+    "--speculative-accept-threshold-single": _LOSSY,
+    "--speculative-accept-threshold-acc": _LOSSY,
+    "--speculative-adaptive": _MOVING_K,
+    "--speculative-adaptive-config": _MOVING_K,
+    "--enable-multi-layer-eagle": "runs a multi-layer EAGLE draft; the export has one layer",
+    "--config": "a config file could set any of these flags unseen",
+    # Secrets come from the environment, never from a config; the loopback server needs none.
+    "--api-key": "puts a secret in the config, and the benchmark's requests carry no key",
+    "--admin-api-key": "puts a secret in the config, and the benchmark's requests carry no key",
+}
+
+
+class ServeBenchError(ConfigError):
+    """A benchmark that would measure something other than it says, or an answer that does not fit."""
+
+
+def num_draft_tokens(bench_cfg: dict, k: int) -> int:
+    return bench_cfg["num_draft_tokens"] or k + 1
+
+
+def launch_settings(bench_cfg: dict, port: int) -> dict:
+    """The generation.sglang-shaped block `base_launch_command` reads, for one server."""
+    sglang = bench_cfg["sglang"]
+    keys = ("python", "tp_size", "mem_fraction_static", "context_length")
+    return {**{key: sglang[key] for key in keys}, "host": HOST, "port": port}
+
+
+def build_command(
+    model_dir: str | Path,
+    bench_cfg: dict,
+    port: int,
+    *,
+    draft_dir: str | Path | None = None,
+    k: int | None = None,
+) -> list[str]:
+    """The `sglang.launch_server` command: the plain target, or with the draft for a chain of `k`."""
+    if (draft_dir is None) != (k is None):
+        raise ServeBenchError("a draft server needs both the draft directory and k; the baseline neither")
+    extra = [str(arg) for arg in bench_cfg["sglang"]["extra_args"]]
+    check_extra_args(extra)
+    cmd = base_launch_command(str(model_dir), launch_settings(bench_cfg, port))
+    if k is not None:
+        check_chain(bench_cfg, k)
+        cmd += speculative_flags(bench_cfg, Path(draft_dir), k)
+    return cmd + extra
+
+
+def speculative_flags(bench_cfg: dict, draft_dir: Path, k: int) -> list[str]:
+    return [
+        "--speculative-algorithm", bench_cfg["speculative_algorithm"],
+        "--speculative-draft-model-path", str(draft_dir),
+        "--speculative-num-steps", str(k),
+        "--speculative-eagle-topk", str(bench_cfg["eagle_topk"]),
+        "--speculative-num-draft-tokens", str(num_draft_tokens(bench_cfg, k)),
+    ]  # fmt: skip
+
+
+# --- refusals ------------------------------------------------------------------------------
+def check_config(config: dict) -> None:
+    """Plan-time checks of an enabled serve_benchmark block; all problems in one error."""
+    bench = config[SECTION]
+    checks: list[Callable[[], None]] = [
+        lambda: _check_prompt_set(bench, config["evaluate"]["prompt_sets"]),
+        lambda: check_algorithm(bench["speculative_algorithm"]),
+        *[lambda k=k: check_chain(bench, k) for k in bench["k"]],
+        lambda: check_extra_args([str(a) for a in bench["sglang"]["extra_args"]]),
+        lambda: _check_planned_context(config),
+    ]
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except ServeBenchError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ServeBenchError("; ".join(dict.fromkeys(problems)))
+
+
+def _check_prompt_set(bench: dict, prompt_sets: Mapping) -> None:
+    name = bench["prompt_set"]
+    if name not in prompt_sets:
+        known = sorted(prompt_sets) or "none configured"
+        raise ServeBenchError(
+            f"{SECTION}.prompt_set: {name!r} is not a set of evaluate.prompt_sets (known: {known})"
+        )
+
+
+def check_algorithm(algorithm: str, architectures: list[str] | None = None) -> None:
+    """Refuse EAGLE for an EAGLE-3 draft; `architectures` (from the draft's config.json) default to
+    what this pipeline exports."""
+    from draftsmith.export.formats import SGLANG_ARCHITECTURE  # imports torch: only when needed
+
+    if architectures is not None and SGLANG_ARCHITECTURE not in architectures:
+        raise ServeBenchError(
+            f"the draft's config.json names architectures {architectures}, not "
+            f"{SGLANG_ARCHITECTURE}: not an EAGLE-3 draft as draftsmith exports them"
+        )
+    if algorithm != EAGLE3:
+        raise ServeBenchError(
+            f"{SECTION}.speculative_algorithm: {algorithm} with an EAGLE-3 draft "
+            f"({SGLANG_ARCHITECTURE}): SGLang would feed it the last layer's hidden state (H) "
+            "instead of the three aux layers (3H) without an error; use EAGLE3"
+        )
+
+
+def check_chain(bench_cfg: dict, k: int) -> None:
+    """A chain of k: topk 1 and k+1 draft tokens, or SGLang runs something else than asked."""
+    if bench_cfg["eagle_topk"] != 1:
+        raise ServeBenchError(
+            f"{SECTION}.eagle_topk: {bench_cfg['eagle_topk']}: the benchmark measures chains "
+            "(topk 1); a tree of drafts has no single k to report"
+        )
+    tokens = num_draft_tokens(bench_cfg, k)
+    if tokens != k + 1:
+        raise ServeBenchError(
+            f"{SECTION}.num_draft_tokens: {tokens} for k={k}: a chain of k verifies k+1 tokens "
+            f"({k + 1}); SGLang would silently use {k + 1} (leave num_draft_tokens null)"
+        )
+
+
+def check_extra_args(extra: list[str]) -> None:
+    """Refuse extra args that repeat builder flags or would falsify the measurement."""
+    try:
+        check_owned_flags(extra, owned_flags(SGLANG_SECTION) | _OWNED, SGLANG_SECTION)
+    except DraftsmithError as exc:
+        raise ServeBenchError(str(exc)) from None
+    for flag, values in parse_flags(extra):
+        value = values[0] if values else None
+        if abbreviates(flag, _LOAD_FORMAT) and value == _RANDOM_WEIGHTS:
+            raise ServeBenchError(
+                f"{SGLANG_SECTION}.extra_args: {flag} {value} loads random weights (for the draft "
+                "too): the benchmark would measure noise"
+            )
+        refused = next((name for name in _REFUSED if abbreviates(flag, name)), None)
+        if refused:
+            raise ServeBenchError(f"{SGLANG_SECTION}.extra_args: {flag} is refused: it {_REFUSED[refused]}")
+
+
+def _check_planned_context(config: dict) -> None:
+    served = config[SECTION]["sglang"]["context_length"]
+    planned = export_serving_context(config)
+    if served is not None and served > planned:
+        raise ServeBenchError(
+            f"{SGLANG_SECTION}.context_length ({served}) exceeds the context the draft is exported "
+            f"for ({planned}, export.serving_context or train.max_position_embeddings): a draft "
+            "below the serving context loses acceptance on long prompts"
+        )
+
+
+def check_draft(draft_dir: Path, bench_cfg: dict, serving_context: int) -> dict:
+    """Refuse a draft directory SGLang would serve wrongly; returns its config.json."""
+    from draftsmith.export.formats import CONFIG_FILE
+
+    path = Path(draft_dir) / CONFIG_FILE
+    try:
+        draft_config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ServeBenchError(f"{path}: cannot read the draft's config: {exc}") from None
+    check_algorithm(bench_cfg["speculative_algorithm"], list(draft_config.get("architectures") or []))
+    positions = draft_config.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions < serving_context:
+        raise ServeBenchError(
+            f"{path}: max_position_embeddings {positions!r} is below the serving context "
+            f"{serving_context} ({SGLANG_SECTION}.context_length, or the target's own): the draft "
+            "loses acceptance past its positions"
+        )
+    return draft_config
+
+
+def serving_context(bench_cfg: dict, target_config: dict) -> int:
+    """The context SGLang serves: the configured one, else the target's max_position_embeddings."""
+    configured = bench_cfg["sglang"]["context_length"]
+    if configured is not None:
+        return configured
+    positions = target_config.get("max_position_embeddings")
+    if not isinstance(positions, int):
+        raise ServeBenchError(
+            f"the target's config.json gives no max_position_embeddings; set {SGLANG_SECTION}.context_length"
+        )
+    return positions
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    if SIMULATE_ACCEPTANCE_ENV in env:
+        raise ServeBenchError(
+            f"{SIMULATE_ACCEPTANCE_ENV}={env[SIMULATE_ACCEPTANCE_ENV]} is set: SGLang would simulate "
+            "the acceptance length instead of measuring the draft; unset it"
+        )

@@ -1,0 +1,84 @@
+"""Content hashes and stage keys.
+
+A stage key is derived from the stage's semantic parameters, its format version
+and the keys or content hashes of its inputs. It never depends on mtimes or on
+source text, so editing a comment invalidates nothing, while bumping a stage's
+format version (in `keys.STAGE_VERSIONS`) invalidates exactly that stage and
+everything downstream of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+KEY_LENGTH = 16
+_CHUNK = 8 << 20
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def derive_key(payload: dict[str, Any]) -> str:
+    return sha256_bytes(canonical_json(payload).encode())[:KEY_LENGTH]
+
+
+class HashCache:
+    """sha256 of source files, cached by (path, size, mtime_ns, inode).
+
+    Keys are computed whenever the Snakefile is parsed (every dry run), so large
+    dataset files are hashed once and then looked up.
+    """
+
+    def __init__(self, cache_file: str | os.PathLike) -> None:
+        self.cache_file = Path(cache_file)
+        self._entries: dict[str, dict] = {}
+        self._dirty = False
+        if self.cache_file.exists():
+            try:
+                self._entries = json.loads(self.cache_file.read_text())
+            except (OSError, json.JSONDecodeError):
+                self._entries = {}
+
+    def sha256(self, path: str | os.PathLike) -> str:
+        resolved = str(Path(path).resolve())
+        stat = os.stat(resolved)
+        stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        entry = self._entries.get(resolved)
+        if entry and entry["stamp"] == stamp:
+            return entry["sha256"]
+        digest = sha256_file(resolved)
+        self._entries[resolved] = {"stamp": stamp, "sha256": digest}
+        self._dirty = True
+        return digest
+
+    def tree_sha256(self, root: str | os.PathLike) -> str:
+        """One hash over every file below `root` (relative names and contents)."""
+        root = Path(root)
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        listing = [[p.relative_to(root).as_posix(), self.sha256(p)] for p in files]
+        return sha256_bytes(canonical_json(listing).encode())
+
+    def save(self) -> None:
+        if not self._dirty:
+            return
+        from draftsmith.store.atomic import write_json
+
+        write_json(self.cache_file, self._entries)
+        self._dirty = False

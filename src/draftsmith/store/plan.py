@@ -1,0 +1,376 @@
+"""The artifact plan: every artifact a config asks for, with its key, directory and files.
+
+This module is the one place that says where each artifact lives and what its files
+are called. Every stage's outputs sit under `<artifacts>/<stage>/[<dataset>/]<key>/`,
+where the key hashes the stage's semantic parameters, its format version and its
+upstream keys (`keys.stage_key`). Two configs that agree on a stage's inputs and
+parameters get the same key and share the files; differing outputs sit side by side.
+Performance settings (batch size, concurrency, timeouts, prices) are not semantic and
+are left out on purpose. A manifest records exactly the params and upstream keys the
+key hashed (`Artifact`), so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith import config as cfg
+from draftsmith.store.hashing import HashCache
+from draftsmith.store.keys import stage_key
+
+MANIFEST = "manifest.json"
+HASH_CACHE = ".hash-cache.json"
+# Finished shards and training segments wait here (not a declared output) and are
+# hard-linked into place: see `store.staging`.
+STAGED = ".staged"
+JOURNAL = "journal.jsonl"  # generation's resumable state, beside the declared outputs
+
+# One serving format's directory in an export (`sglang/`, `vllm/`): what a server loads,
+# and the validation record written beside it.
+EXPORT_FILES = {"config": "config.json", "weights": "model.safetensors", "record": "draftsmith_export.json"}
+
+# Each stage's files by role (the role is the rule's output name and what code asks for).
+FILES: dict[str, dict[str, str]] = {
+    "model": {"info": "model.json", "hf": "hf"},
+    "responses": {"responses": "responses.jsonl", "bad_rows": "bad_rows.jsonl"},
+    "tokens": {"tokens": "tokens.jsonl"},
+    "merged": {"train": "train.jsonl", "report": "data_report.json", "report_md": "data_report.md"},
+    "hidden": {"assignment": "assignment.json"},
+    "vocab": {"vocab": "vocab.safetensors", "info": "vocab.json"},
+    "train": {"weights": "draft.safetensors", "config": "draft_config.json", "summary": "train_summary.json"},
+    "export": {
+        f"{fmt}_{role}": f"{fmt}/{name}" for fmt in ("sglang", "vllm") for role, name in EXPORT_FILES.items()
+    },
+    "evaluate": {"json": "benchmark.json", "md": "benchmark.md", "per_prompt": "per_prompt.jsonl"},
+    "serve_bench": {"json": "serve_benchmark.json", "md": "serve_benchmark.md"},
+}
+SHARD_SUFFIXES = {"bin": ".bin", "index": ".json"}  # one hidden-state shard's two files
+
+# Unkeyed files under results/<experiment>/: they describe this machine or this run.
+RESULTS = {
+    "estimate": "hidden_estimate.json",
+    "estimate_md": "hidden_estimate.md",
+    "summary": "benchmark.md",
+    "html_report": "report.html",
+}
+
+# Serving-benchmark settings that do not change what is measured (where, how patiently).
+_SERVE_BENCH_IGNORED = ("python", "port", "startup_timeout_s", "request_timeout_s")
+
+# Generation settings that change what the target writes (the rest is speed).
+SEMANTIC_GENERATION = ("backend", "max_new_tokens", "temperature", "top_p", "seed", "system_prompt")
+
+# Training settings that change the trained draft. `device` and `gpus` do not: data
+# parallel gives the result of one process with the same global batch.
+SEMANTIC_TRAIN = (
+    "draft_vocab_size",
+    "ttt_steps",
+    "max_position_embeddings",
+    "lr",
+    "betas",
+    "weight_decay",
+    "warmup_steps",
+    "total_steps",
+    "grad_clip",
+    "grad_accum",
+    "batch_tokens",
+    "checkpoint_every",
+    "val_fraction",
+    "seed",
+    "dtype",
+)
+
+HF_METADATA_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "model.safetensors.index.json",
+)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One keyed artifact: what its key hashes, where it lives, what its files are called."""
+
+    stage: str
+    params: dict
+    upstream: dict[str, str]
+    directory: Path
+    key: str
+
+    def path(self, role: str) -> Path:
+        return self.directory / FILES[self.stage][role]
+
+    @property
+    def manifest(self) -> Path:
+        return self.directory / MANIFEST
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """Every declared file by role, the manifest last (a rule's `output:`)."""
+        return {role: str(self.path(role)) for role in FILES[self.stage]} | {"manifest": str(self.manifest)}
+
+
+def keyed(root: Path, stage: str, params: dict, upstream: dict[str, str], dataset: str = "") -> Artifact:
+    key = stage_key(stage, params, upstream)
+    directory = root / stage / dataset / key if dataset else root / stage / key
+    return Artifact(stage, params, upstream, directory, key)
+
+
+def output_patterns(root: Path | str, stage: str) -> dict[str, str]:
+    """Declared files of a per-dataset stage with `{dataset}` and `{key}` wildcards."""
+    base = f"{root}/{stage}/{{dataset}}/{{key}}"
+    return {role: f"{base}/{name}" for role, name in FILES[stage].items()} | {
+        "manifest": f"{base}/{MANIFEST}"
+    }
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def segment_name(index: int) -> str:
+    return f"{index:05d}"
+
+
+def _segment(segment: int | str) -> str:
+    return segment if isinstance(segment, str) else segment_name(segment)
+
+
+def plan_for(config: dict) -> Plan:
+    """The plan of a validated config, hashing sources through the store's cache."""
+    return Plan(config, HashCache(Path(config["artifacts_dir"]) / HASH_CACHE))
+
+
+@dataclass
+class Plan:
+    """Keys and paths of every artifact a config asks for, computed at parse time."""
+
+    config: dict
+    hash_cache: HashCache
+    missing_sources: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.config["artifacts_dir"])
+        root = self.root
+        self.model = keyed(root, "model", self._model_params(), {})
+        self.responses = {
+            n: keyed(root, "responses", self._response_params(n), {"model": self.model.key}, dataset=n)
+            for n in self.generated_datasets
+        }
+        self.tokens = {
+            n: keyed(
+                root,
+                "tokens",
+                {"max_length": self.config["tokenize"]["max_length"]},
+                {"model": self.model.key, "responses": self.responses[n].key},
+                dataset=n,
+            )
+            for n in self.generated_datasets
+        }
+        self.merged = keyed(
+            root,
+            "merged",
+            {"seed": self.config["merge"]["seed"], "caps": self.merge_caps()},
+            {f"tokens/{n}": self.tokens[n].key for n in self.merged_datasets},
+        )
+        data = {"model": self.model.key, "merged": self.merged.key}
+        self.hidden = keyed(root, "hidden", self._hidden_params(), data)
+        train = self.config["train"]
+        self.vocab = keyed(
+            root,
+            "vocab",
+            {"draft_vocab_size": train["draft_vocab_size"], "val_fraction": train["val_fraction"]},
+            data,
+        )
+        self.train = keyed(
+            root,
+            "train",
+            {k: train[k] for k in SEMANTIC_TRAIN},
+            {"model": self.model.key, "hidden": self.hidden.key, "vocab": self.vocab.key},
+        )
+        self.export = keyed(root, "export", self._export_params(), {"train": self.train.key})
+        self.evaluate = keyed(
+            root,
+            "evaluate",
+            self._evaluate_params(),
+            {"model": self.model.key, "export": self.export.key, "merged": self.merged.key},
+        )
+        self.serve_bench = keyed(
+            root,
+            "serve_bench",
+            self._serve_bench_params(),
+            {"model": self.model.key, "export": self.export.key},
+        )
+        self.hash_cache.save()
+        for path in self.missing_sources:
+            print(
+                f"draftsmith: source not found: {path} (planned with a placeholder key; "
+                "the job that reads it fails until it exists)",
+                file=sys.stderr,
+            )
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        """Every keyed artifact this config plans, upstream first."""
+        return [
+            self.model,
+            *self.responses.values(),
+            *self.tokens.values(),
+            self.merged,
+            self.hidden,
+            self.vocab,
+            self.train,
+            self.export,
+            self.evaluate,
+            self.serve_bench,
+        ]
+
+    @property
+    def generated_datasets(self) -> list[str]:
+        return cfg.enabled_datasets(self.config)
+
+    @property
+    def merged_datasets(self) -> list[str]:
+        return cfg.enabled_datasets(self.config, merged_only=True)
+
+    # --- content of sources -------------------------------------------------
+    def _source_hash(self, path: str) -> str:
+        p = Path(path)
+        if not p.exists():
+            self.missing_sources.append(path)
+            return f"absent:{p.resolve()}"
+        if p.is_dir():
+            return self.hash_cache.tree_sha256(p)
+        return self.hash_cache.sha256(p)
+
+    def _model_params(self) -> dict:
+        model = self.config["model"]
+        source = dict(model["source"])
+        if source["kind"] == "gguf" and "sha256" not in source:
+            source["sha256"] = self._source_hash(source["path"])
+        if source["kind"] == "hf_dir":
+            source["metadata"] = self._hf_dir_fingerprint(Path(source["path"]))
+        if source["kind"] == "gguf":
+            del source["path"]  # the sha256 is the content; moving the file changes nothing
+        elif source["kind"] == "hf_dir":
+            source["path"] = str(Path(source["path"]).resolve())  # weights are stat'ed, not hashed
+        return {
+            "source": source,
+            "dtype": model["dtype"],
+            "end_of_turn_ids": model.get("end_of_turn_ids"),
+        }
+
+    def _hf_dir_fingerprint(self, root: Path) -> dict:
+        # Hash the small metadata files; stat the weights (hashing a 600 GB target
+        # on every dry run is not an option).
+        if not root.is_dir():
+            self.missing_sources.append(str(root))
+            return {"absent": str(root.resolve())}
+        metadata = {n: self.hash_cache.sha256(root / n) for n in HF_METADATA_FILES if (root / n).exists()}
+        weights = {p.name: p.stat().st_size for p in sorted(root.glob("*.safetensors"))}
+        return {"files": metadata, "weights": weights}
+
+    def merge_caps(self) -> dict:
+        return {n: c for n, c in sorted(self.config["merge"]["caps"].items()) if n in self.merged_datasets}
+
+    def _hidden_params(self) -> dict:
+        extract = self.config["extract"]
+        return {
+            "backend": extract["backend"],
+            "num_shards": extract["num_shards"],
+            "storage": extract["storage"],
+            "dtype": extract["dtype"] or self.config["model"]["dtype"],
+            "aux_layers": extract["aux_layers"] or "default",
+        }
+
+    def _export_params(self) -> dict:
+        return {**self.config["export"], "serving_context": cfg.export_serving_context(self.config)}
+
+    def _evaluate_params(self) -> dict:
+        evaluate = self.config["evaluate"]
+        sets = {name: self._prompt_set_params(e) for name, e in sorted(evaluate["prompt_sets"].items())}
+        # The results include tokens/s, so the device is part of the key (a CPU measurement
+        # must not stand in for a GPU one); dtype can change the target's own greedy output.
+        return {
+            "k": evaluate["k"],
+            "max_new_tokens": evaluate["max_new_tokens"],
+            "device": evaluate["device"],
+            "dtype": evaluate["dtype"],
+            "warmup_prompts": evaluate["warmup_prompts"],
+            "prompt_sets": sets,
+        }
+
+    def _prompt_set_params(self, entry: dict) -> dict:
+        """A prompt set's settings, its file by content (not where it lies)."""
+        return {"source": self._source_hash(entry["path"]), **{k: v for k, v in entry.items() if k != "path"}}
+
+    def _serve_bench_params(self) -> dict:
+        # Speed is what a benchmark measures, so launch and load settings are part of its key.
+        bench = {k: v for k, v in self.config["serve_benchmark"].items() if k != "enabled"}
+        bench["sglang"] = {k: v for k, v in bench["sglang"].items() if k not in _SERVE_BENCH_IGNORED}
+        entry = self.config["evaluate"]["prompt_sets"].get(bench["prompt_set"])
+        if entry is not None:
+            bench["prompts"] = self._prompt_set_params(entry)
+            bench["system_prompt"] = self.config["generation"]["system_prompt"]
+        return bench
+
+    def _response_params(self, name: str) -> dict:
+        entry = cfg.dataset_settings(self.config, name)
+        generation = {k: entry["generation"].get(k) for k in SEMANTIC_GENERATION}
+        if generation["backend"] in ("openai", "sglang"):
+            generation["served_model"] = self.config["generation"]["openai"]["model"]
+        elif cfg.generation_dtype(self.config) != self.config["model"]["dtype"]:
+            # The model key holds model.dtype; a different generation dtype changes the output.
+            generation["hf_dtype"] = cfg.generation_dtype(self.config)
+        return {
+            "source": self._source_hash(entry["path"]),
+            "format": entry["format"],
+            "prompt_field": entry["prompt_field"] if entry["format"] == "prompt" else None,
+            "split": entry["split"],
+            "max_samples": entry["max_samples"],
+            "max_prompt_tokens": entry["max_prompt_tokens"],
+            "generation": generation,
+        }
+
+    # --- paths that are not one of an artifact's fixed files -------------------------
+    @property
+    def shard_names(self) -> list[str]:
+        return [shard_name(i) for i in range(self.config["extract"]["num_shards"])]
+
+    def shard(self, name: str, part: str = "index") -> Path:
+        """A hidden-state shard's `index` (its JSON manifest) or `bin` file (`name` may be
+        a wildcard)."""
+        return self.hidden.directory / f"{name}{SHARD_SUFFIXES[part]}"
+
+    @property
+    def num_segments(self) -> int:
+        train = self.config["train"]
+        return -(-train["total_steps"] // train["checkpoint_every"])
+
+    @property
+    def segment_names(self) -> list[str]:
+        return [segment_name(i) for i in range(self.num_segments)]
+
+    def checkpoint(self, segment: int | str) -> Path:
+        """Segment n's full training state (a string is used as is: a wildcard)."""
+        return self.train.directory / f"ckpt-{_segment(segment)}.pt"
+
+    def metrics(self, segment: int | str) -> Path:
+        return self.train.directory / f"metrics-{_segment(segment)}.jsonl"
+
+    def export_dir(self, fmt: str) -> Path:
+        """`sglang/` or `vllm/`: one serving format's directory (what a server loads)."""
+        return self.export.directory / fmt
+
+    @property
+    def results_dir(self) -> Path:
+        return Path("results") / self.config["experiment"]
+
+    def result(self, role: str) -> Path:
+        return self.results_dir / RESULTS[role]

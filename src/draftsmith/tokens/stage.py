@@ -1,0 +1,40 @@
+"""Rule `tokens`: one dataset's responses rendered with the chat template, ids + loss mask."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from draftsmith.errors import TokenizeError
+from draftsmith.store import atomic, manifest
+from draftsmith.store.plan import plan_for
+from draftsmith.target.load import load_tokenizer, model_info
+from draftsmith.tokens.chat import ChatTokenizer, tokenize_records
+
+log = logging.getLogger("draftsmith.tokens")
+
+
+def tokens(
+    config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None, workers: int = 1
+) -> dict:
+    """`workers` processes tokenize a large dataset (the rule's threads)."""
+    started = time.time()
+    artifact = plan_for(config).tokens[dataset]
+    info = model_info(inputs["model"])
+    tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
+    chat = ChatTokenizer(
+        tokenizer, info["special_tokens"]["end_of_turn"]["ids"], config["tokenize"]["max_length"]
+    )
+    samples, stats = tokenize_records(atomic.read_jsonl(inputs["responses"]), chat, dataset, workers)
+    rate = stats.as_dict()["roundtrip_mismatch_rate"]
+    limit = config["tokenize"]["max_roundtrip_mismatch"]
+    if rate is not None and rate > limit:
+        raise TokenizeError(
+            f"encode(decode(ids)) mismatch rate {rate:.3f} > tokenize.max_roundtrip_mismatch {limit}",
+            path=inputs["responses"],
+        )
+    atomic.write_jsonl(artifact.path("tokens"), samples)
+    manifest.write(artifact, [artifact.path("tokens")], stats.as_dict(), started)
+    log.info("%s: %s", dataset, json.dumps(stats.as_dict()))
+    return stats.as_dict()
