@@ -430,7 +430,7 @@ def main() -> None:
     print(json.dumps(env, indent=1), flush=True)
     if args.cpu_demo:
         device, batch_tokens = "cpu", 4096
-        model, dtype = load_demo_model(args.model_dir)
+        model, dtype = load_demo_model(args.model.directory)
         what = f"SmolLM2-135M (demo model), float32, CPU ({env['cpus']} cores)"
     else:
         device = "cuda"

@@ -17,8 +17,8 @@ from draftsmith import config as cfg
 
 def planned_keys(config: dict) -> set[str]:
     plan = plan_for(config)
-    keys = {plan.model_key, plan.merged_key, plan.hidden_key, plan.draft_vocab_key, plan.draft_key}
-    keys |= {plan.export_key, plan.eval_key, *plan.response_keys.values(), *plan.token_keys.values()}
+    keys = {plan.model.key, plan.merged.key, plan.hidden.key, plan.vocab.key, plan.train.key}
+    keys |= {plan.export.key, plan.evaluate.key, *plan.response_keys.values(), *plan.token_keys.values()}
     return keys
 
 

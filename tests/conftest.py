@@ -17,14 +17,13 @@ DEMO_SOURCE = yaml.safe_load((REPO / "config.yaml").read_text())["model"]["sourc
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct dequantised from the pinned GGUF, as the model stage does."""
-    from draftsmith.target import load as target
+    from draftsmith.model.source import convert_gguf, fetch_gguf
 
     cached = os.environ.get("DRAFTSMITH_TEST_MODEL_DIR")
     if cached and (Path(cached) / "config.json").exists():
         return Path(cached)
     work = tmp_path_factory.mktemp("demo-model")
-    gguf = target.fetch_gguf(DEMO_SOURCE, work)
-    target.convert_gguf(gguf, work / "hf", "float32")
+    convert_gguf(fetch_gguf(DEMO_SOURCE, work), work / "hf", "float32")
     return work / "hf"
 
 

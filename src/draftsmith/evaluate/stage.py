@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.export import AUX_LAYER_CONVENTION, SGLANG, load_sglang_export
 from draftsmith.formats.markdown import coverage_sentence
 from draftsmith.formats.prompt_sets import EvalPrompt, check_overlap, load_prompt_set, training_prompts
 from draftsmith.runtime import gpus, jobs
 from draftsmith.runtime.resources import evaluate_gpus
 from draftsmith.store import atomic, manifest
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import EXPORT_FILES, plan_for
 from draftsmith.target import load as target
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from draftsmith.evaluate.spec_decode import AcceptFn, Decoded
     from draftsmith.target.layers import AuxLayers
 
-log = logging.getLogger("draftsmith.evaluate")
+log = logging.getLogger(__name__)
 
 
 class EvaluationError(DraftsmithError):
@@ -68,17 +69,16 @@ def device_name(device) -> str:
 def export_aux_layers(export_dir: Path, num_layers: int) -> AuxLayers:
     """The aux layers the exported draft was trained on, read as SGLang reads them and
     cross-checked with the export's own record of all three conventions."""
-    from draftsmith.export import formats as export
     from draftsmith.target.layers import AuxLayers
 
-    config = json.loads((export_dir / export.CONFIG_FILE).read_text())
-    record = json.loads((export_dir / export.MANIFEST_FILE).read_text())["aux_layers"]
+    config = json.loads((export_dir / EXPORT_FILES["config"]).read_text())
+    record = json.loads((export_dir / EXPORT_FILES["record"]).read_text())["aux_layers"]
     ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    aux = AuxLayers.from_convention(export.AUX_LAYER_CONVENTION[export.SGLANG], ids, num_layers)
+    aux = AuxLayers.from_convention(AUX_LAYER_CONVENTION[SGLANG], ids, num_layers)
     if aux != AuxLayers.from_manifest(record):
         raise EvaluationError(
             f"{export_dir}: config eagle_aux_hidden_state_layer_ids {ids} "
-            f"({export.AUX_LAYER_CONVENTION[export.SGLANG]}) disagree with the export record {record}"
+            f"({AUX_LAYER_CONVENTION[SGLANG]}) disagree with the export record {record}"
         )
     return aux
 
@@ -246,8 +246,6 @@ def markdown(benchmark: dict) -> str:
 def _load_models(config: dict, model_info: dict, export_dir: Path):
     import torch
 
-    from draftsmith.export.formats import load_sglang_export
-
     ev = config["evaluate"]
     # Verifying k+1 tokens at once must pick the argmax one-at-a-time decoding picks:
     # TF32 matmuls would turn near-ties into false lossless failures.
@@ -299,7 +297,8 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
         "aux_layers": aux.as_manifest(),
         "prompts": {name: len(prompts) for name, prompts in sets.items()},
     }
-    manifest.write(artifact, [artifact.path(role) for role in ("json", "md", "per_prompt")], stats, started)
+    files = [outputs[role] for role in ("json", "md", "per_prompt")]
+    manifest.write(artifact, outputs["manifest"], files, stats, started)
     return benchmark
 
 

@@ -14,13 +14,12 @@ from draftsmith.store.plan import plan_for
 from draftsmith.target.layers import AuxLayers
 from draftsmith.target.load import hf_config, load_target, model_info
 
-log = logging.getLogger("draftsmith.export")
+log = logging.getLogger(__name__)
 
 
 def export(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
     started = time.time()
-    plan = plan_for(config)
-    artifact = plan.export
+    artifact = plan_for(config).export
     settings = artifact.params
     hf_dir = Path(model_info(inputs["model"])["hf_dir"])
     _, weights = load_target(hf_dir, config["model"]["trust_remote_code"])
@@ -35,19 +34,21 @@ def export(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
     records = {
         formats.SGLANG: formats.export_sglang(
             draft,
-            plan.export_dir(formats.SGLANG),
+            Path(outputs["sglang_config"]).parent,
             allow_ambiguous_sglang_ids=settings["allow_ambiguous_sglang_ids"],
             **common,
         ),
         formats.VLLM: formats.export_vllm(
             draft,
-            plan.export_dir(formats.VLLM),
+            Path(outputs["vllm_config"]).parent,
             verifier_name_or_path=settings["verifier_name_or_path"] or str(hf_dir),
             speculative_tokens=settings["speculative_tokens"],
             **common,
         ),
     }
-    files = [artifact.path(role) for role in outputs if role != "manifest"]
-    manifest.write(artifact, files, {fmt: r["validation"] for fmt, r in records.items()}, started)
-    log.info("export %s: %s validated", artifact.key, " and ".join(str(plan.export_dir(f)) for f in records))
+    files = [outputs[role] for role in outputs if role != "manifest"]
+    manifest.write(
+        artifact, outputs["manifest"], files, {fmt: r["validation"] for fmt, r in records.items()}, started
+    )
+    log.info("export %s: %s and %s validated", artifact.key, outputs["sglang_config"], outputs["vllm_config"])
     return records

@@ -18,7 +18,7 @@ from typing import Any
 
 from draftsmith.errors import DatasetError
 
-log = logging.getLogger("draftsmith.formats.datasets")
+log = logging.getLogger(__name__)
 
 # Schema defaults (dataset_defaults), for entries that were not resolved by config.
 DEFAULT_MAX_BAD_FRACTION = 0.05

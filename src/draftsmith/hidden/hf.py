@@ -24,7 +24,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 
-log = logging.getLogger("draftsmith.extract")
+log = logging.getLogger(__name__)
 
 
 class ExtractionError(DraftsmithError):

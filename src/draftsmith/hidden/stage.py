@@ -20,7 +20,7 @@ from draftsmith.store.staging import Staged
 from draftsmith.target import layers
 from draftsmith.target.load import load_model, model_info
 
-log = logging.getLogger("draftsmith.hidden")
+log = logging.getLogger(__name__)
 
 
 def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:

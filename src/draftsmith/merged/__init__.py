@@ -1,0 +1,2 @@
+"""Stage `merged`: caps and the seeded shuffle (`merge`), the data report (`data_report`),
+the rule's entry (`stage`)."""

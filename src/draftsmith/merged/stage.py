@@ -11,7 +11,7 @@ from draftsmith.merged.merge import merge
 from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import MANIFEST, plan_for
 
-log = logging.getLogger("draftsmith.merged")
+log = logging.getLogger(__name__)
 
 
 def merged(
@@ -24,7 +24,7 @@ def merged(
     responses = dict(zip(datasets, inputs["responses"], strict=True))
     per_dataset = {name: list(atomic.read_jsonl(path)) for name, path in tokens.items()}
     samples, taken = merge(per_dataset, plan.merge_caps(), config["merge"]["seed"])
-    atomic.write_jsonl(artifact.path("train"), samples)
+    atomic.write_jsonl(outputs["train"], samples)
     rows = [
         data_report.dataset_row(
             name,
@@ -43,13 +43,14 @@ def merged(
         "datasets": rows,
         "total": data_report.totals(rows),
     }
-    atomic.write_json(artifact.path("report"), report)
-    atomic.write_text(artifact.path("report_md"), data_report.markdown(report))
+    atomic.write_json(outputs["report"], report)
+    atomic.write_text(outputs["report_md"], data_report.markdown(report))
     stats = {
         "samples": len(samples),
         "tokens": sum(len(s["input_ids"]) for s in samples),
         "per_dataset": taken,
     }
-    manifest.write(artifact, [artifact.path(r) for r in ("train", "report", "report_md")], stats, started)
+    files = [outputs[role] for role in ("train", "report", "report_md")]
+    manifest.write(artifact, outputs["manifest"], files, stats, started)
     log.info("merged %d samples from %d datasets", len(samples), len(tokens))
     return report

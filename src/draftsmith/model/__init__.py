@@ -1,0 +1,2 @@
+"""Stage `model`: fetching and converting the target (`source`), recording its shapes and
+special tokens (`stage`)."""

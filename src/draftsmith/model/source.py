@@ -24,7 +24,7 @@ from draftsmith.store.atomic import atomic_dir
 from draftsmith.store.hashing import sha256_file
 from draftsmith.target.dtypes import torch_dtype
 
-log = logging.getLogger("draftsmith.target.load")
+log = logging.getLogger(__name__)
 
 
 def _installed_file(package: str, version: str, member: str) -> Path | None:

@@ -26,15 +26,15 @@ def model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
         if not (hf_dir / "config.json").is_file():
             raise ModelError(f"model.source.path: no config.json in {hf_dir}")
     else:
-        hf_dir = artifact.path("hf")
-        with tempfile.TemporaryDirectory(dir=artifact.directory.parent) as tmp:
+        hf_dir = Path(outputs["hf"])
+        with tempfile.TemporaryDirectory(dir=hf_dir.parent.parent) as tmp:
             convert_gguf(fetch_gguf(source, Path(tmp)), hf_dir, model_cfg["dtype"])
         files.append(hf_dir)
     info = describe(hf_dir, model_cfg)
-    atomic.write_json(artifact.path("info"), info)
-    files.append(artifact.path("info"))
+    atomic.write_json(outputs["info"], info)
+    files.append(Path(outputs["info"]))
     stats = {"num_hidden_layers": info["num_hidden_layers"], "vocab_size": info["vocab_size"]}
-    manifest.write(artifact, files, stats, started)
+    manifest.write(artifact, outputs["manifest"], files, stats, started)
     return info
 
 

@@ -1,0 +1,2 @@
+"""Stage `report`: figures (`plots`), the run summary (`summary`), Snakemake report markers
+and the end-of-run HTML report (`workflow`), the rule's entry (`stage`)."""

@@ -11,7 +11,7 @@ from draftsmith.report import plots
 from draftsmith.report.summary import benchmark_markdown
 from draftsmith.store import atomic
 
-log = logging.getLogger("draftsmith.reporting")
+log = logging.getLogger(__name__)
 
 NO_EVALUATION = "no built-in evaluation in this config\n(evaluate.enabled: false);\nsee the serving benchmark"
 

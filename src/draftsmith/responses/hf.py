@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from draftsmith.formats.datasets import Prompt
 from draftsmith.formats.responses import Usage, response_record
 
-log = logging.getLogger("draftsmith.responses.hf")
+log = logging.getLogger(__name__)
 
 
 class HFBackend:

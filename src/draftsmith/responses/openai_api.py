@@ -34,7 +34,7 @@ from draftsmith.formats.responses import Usage, cost_usd, response_record
 if TYPE_CHECKING:
     from draftsmith.formats.datasets import Prompt
 
-log = logging.getLogger("draftsmith.generate.openai")
+log = logging.getLogger(__name__)
 
 REDACTED = "[REDACTED]"
 ERROR_EXCERPT_CHARS = 300

@@ -25,7 +25,7 @@ from draftsmith.store.journal import Journal
 from draftsmith.store.plan import JOURNAL, Artifact, plan_for
 from draftsmith.target.load import load_tokenizer, model_info
 
-log = logging.getLogger("draftsmith.responses")
+log = logging.getLogger(__name__)
 
 
 def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
@@ -50,6 +50,7 @@ def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file:
         loaded=loaded,
         backend=make_backend(config, dataset, entry, info, server_log),
         artifact=artifact,
+        outputs=outputs,
         openai_cfg=config["generation"]["openai"],
     )
 
@@ -90,10 +91,12 @@ def run(
     loaded: LoadedDataset,
     backend: Backend,
     artifact: Artifact,
+    outputs: dict,
     openai_cfg: dict,
 ) -> dict:
+    """Generate what the journal lacks, then write `outputs` (responses, bad_rows, manifest)."""
     started = time.time()
-    journal = Journal(artifact.directory / JOURNAL)
+    journal = Journal(Path(outputs["responses"]).parent / JOURNAL)
     if journal.torn_lines:
         log.warning("journal: dropped %d torn line(s) from an interrupted run", journal.torn_lines)
     done = [p for p in loaded.prompts if p.id in journal]
@@ -127,8 +130,8 @@ def run(
     usage = Usage()
     for record in records:
         usage.add(record_usage(record))
-    atomic.write_jsonl(artifact.path("responses"), records)
-    atomic.write_jsonl(artifact.path("bad_rows"), [b.as_dict() for b in loaded.bad_rows])
+    atomic.write_jsonl(outputs["responses"], records)
+    atomic.write_jsonl(outputs["bad_rows"], [b.as_dict() for b in loaded.bad_rows])
     stats = {
         "rows": loaded.total_rows,
         "samples": len(records),
@@ -141,7 +144,7 @@ def run(
         "with_token_ids": sum(r["response_token_ids"] is not None for r in records),
         "with_reasoning": sum(bool(r["reasoning"]) for r in records),
     }
-    manifest.write(artifact, [artifact.path("responses"), artifact.path("bad_rows")], stats, started)
+    manifest.write(artifact, outputs["manifest"], [outputs["responses"], outputs["bad_rows"]], stats, started)
     return stats
 
 

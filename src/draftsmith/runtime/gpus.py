@@ -35,7 +35,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 
-log = logging.getLogger("draftsmith.runtime.gpus")
+log = logging.getLogger(__name__)
 
 _ENV = "CUDA_VISIBLE_DEVICES"
 _POLL_S = 0.2

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-log = logging.getLogger("draftsmith")
+log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 

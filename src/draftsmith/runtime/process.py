@@ -44,7 +44,7 @@ from draftsmith.errors import ServerError
 from draftsmith.runtime.jobs import set_parent_death_signal
 from draftsmith.runtime.process_guard import PARENT_GONE_SIGNAL, group_members
 
-log = logging.getLogger("draftsmith.runtime.process")
+log = logging.getLogger(__name__)
 
 _POLL_S = 0.25
 _KILL_WAIT_S = 15.0

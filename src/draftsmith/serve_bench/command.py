@@ -33,6 +33,7 @@ from draftsmith.runtime.sglang import (
     owned_flags,
     parse_flags,
 )
+from draftsmith.store.plan import EXPORT_FILES
 
 SECTION = "serve_benchmark"
 SGLANG_SECTION = f"{SECTION}.sglang"
@@ -148,7 +149,7 @@ def _check_prompt_set(bench: dict, prompt_sets: Mapping) -> None:
 def check_algorithm(algorithm: str, architectures: list[str] | None = None) -> None:
     """Refuse EAGLE for an EAGLE-3 draft; `architectures` (from the draft's config.json) default to
     what this pipeline exports."""
-    from draftsmith.export.formats import SGLANG_ARCHITECTURE  # imports torch: only when needed
+    from draftsmith.export import SGLANG_ARCHITECTURE  # imports torch: only when needed
 
     if architectures is not None and SGLANG_ARCHITECTURE not in architectures:
         raise ServeBenchError(
@@ -209,9 +210,8 @@ def _check_planned_context(config: dict) -> None:
 
 def check_draft(draft_dir: Path, bench_cfg: dict, serving_context: int) -> dict:
     """Refuse a draft directory SGLang would serve wrongly; returns its config.json."""
-    from draftsmith.export.formats import CONFIG_FILE
 
-    path = Path(draft_dir) / CONFIG_FILE
+    path = Path(draft_dir) / EXPORT_FILES["config"]
     try:
         draft_config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

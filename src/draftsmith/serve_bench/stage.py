@@ -43,7 +43,7 @@ from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target.load import model_info, read_target_config
 
-log = logging.getLogger("draftsmith.serving")
+log = logging.getLogger(__name__)
 
 BASELINE = "baseline"
 LOGS_DIR = "logs"
@@ -229,5 +229,5 @@ def serve_bench(config: dict, inputs: dict, outputs: dict, log_file: str | None 
     atomic.write_text(outputs["md"], metrics.markdown(report))
     speedups = [s["speedup"] for s in report["settings"] if s["speedup"] is not None]
     stats = {"settings": len(report["settings"]), "best_speedup": max(speedups, default=None)}
-    manifest.write(artifact, [artifact.path("json"), artifact.path("md"), logs_dir], stats, started)
+    manifest.write(artifact, outputs["manifest"], [outputs["json"], outputs["md"], logs_dir], stats, started)
     return report

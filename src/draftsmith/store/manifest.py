@@ -55,17 +55,20 @@ def describe_files(root: Path, files: list[Path]) -> dict[str, dict]:
 
 def write(
     artifact: Artifact,
+    path: str | os.PathLike,
     files: list[str | os.PathLike],
     stats: dict[str, Any],
     started: float,
 ) -> dict:
     """Write the artifact's manifest last, after every file it describes is in place.
 
-    Its params and upstream keys are exactly what the artifact's key hashed."""
+    Its params and upstream keys are exactly what the artifact's key hashed; `path` is
+    the rule's declared manifest (the artifact's own in a workflow run)."""
+    path = Path(path)
     manifest = {
         "stage": artifact.stage,
         "key": artifact.key,
-        "files": describe_files(artifact.directory, [Path(f) for f in files]),
+        "files": describe_files(path.parent, [Path(f) for f in files]),
         "params": artifact.params,
         "upstream": artifact.upstream,
         "stats": stats,
@@ -74,7 +77,7 @@ def write(
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_s": round(time.time() - started, 3),
     }
-    atomic.write_json(artifact.manifest, manifest)
+    atomic.write_json(path, manifest)
     return manifest
 
 

@@ -364,10 +364,6 @@ class Plan:
     def metrics(self, segment: int | str) -> Path:
         return self.train.directory / f"metrics-{_segment(segment)}.jsonl"
 
-    def export_dir(self, fmt: str) -> Path:
-        """`sglang/` or `vllm/`: one serving format's directory (what a server loads)."""
-        return self.export.directory / fmt
-
     @property
     def results_dir(self) -> Path:
         return Path("results") / self.config["experiment"]

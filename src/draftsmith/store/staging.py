@@ -19,7 +19,7 @@ from draftsmith.store import atomic
 from draftsmith.store.hashing import sha256_file
 from draftsmith.store.plan import STAGED
 
-log = logging.getLogger("draftsmith.store.staging")
+log = logging.getLogger(__name__)
 
 
 class Staged:
@@ -30,7 +30,7 @@ class Staged:
         self.directory = self.declared[0].parent / STAGED
         self.job = job
         self.identity = identity  # what the staged files were computed from (key, inputs)
-        self.record = self.directory / f"{job}.staged.json"
+        self.record = self.directory / f"{job}.record.json"
 
     def path(self, declared: str | os.PathLike) -> Path:
         """Where the job writes the file it declares as `declared`."""

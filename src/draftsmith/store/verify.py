@@ -13,15 +13,16 @@ from pathlib import Path
 
 from draftsmith.formats import shards
 from draftsmith.store import manifest
+from draftsmith.store.plan import MANIFEST, STAGED
 
 SHARD_INDEX_GLOB = "shard-*.json"
 
 
 def find_manifests(root: Path) -> list[Path]:
     """Stage manifests and hidden-state shard indexes (each shard is its own artifact)."""
-    found = [*root.rglob(manifest.MANIFEST_NAME), *root.rglob(SHARD_INDEX_GLOB)]
-    # Staged shards are hard links of the declared ones (see stages.extract_shard).
-    return sorted(p for p in found if ".staged" not in p.parts)
+    found = [*root.rglob(MANIFEST), *root.rglob(SHARD_INDEX_GLOB)]
+    # Staged files are hard links of the declared ones (store.staging).
+    return sorted(p for p in found if STAGED not in p.parts)
 
 
 def _is_shard(path: Path) -> bool:
@@ -49,7 +50,7 @@ def _members(manifest_path: Path) -> list[str]:
         names = list(manifest.read(manifest_path)["files"])
     except (OSError, ValueError):
         names = []
-    return [*names, manifest.MANIFEST_NAME]
+    return [*names, MANIFEST]
 
 
 def quarantine(manifest_path: Path) -> list[Path]:

@@ -11,7 +11,7 @@ import torch
 from draftsmith.errors import ModelError
 from draftsmith.target.dtypes import torch_dtype
 
-log = logging.getLogger("draftsmith.target")
+log = logging.getLogger(__name__)
 
 
 def load_tokenizer(hf_dir: str | Path, trust_remote_code: bool = False):

@@ -13,7 +13,7 @@ import logging
 
 from draftsmith.errors import ModelError
 
-log = logging.getLogger("draftsmith.target.special_tokens")
+log = logging.getLogger(__name__)
 
 _MARKER = "draftsmith-probe-reply"
 _PROBE = [{"role": "user", "content": "Say hello in one short sentence."}]

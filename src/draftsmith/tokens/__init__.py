@@ -1,0 +1,2 @@
+"""Stage `tokens`: chat-template rendering and loss masks (`chat`), the rule's entry
+(`stage`)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from draftsmith.errors import TokenizeError
 from draftsmith.target import special_tokens
 
-log = logging.getLogger("draftsmith.tokens.chat")
+log = logging.getLogger(__name__)
 
 
 @dataclass

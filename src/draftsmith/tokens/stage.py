@@ -12,7 +12,7 @@ from draftsmith.store.plan import plan_for
 from draftsmith.target.load import load_tokenizer, model_info
 from draftsmith.tokens.chat import ChatTokenizer, tokenize_records
 
-log = logging.getLogger("draftsmith.tokens")
+log = logging.getLogger(__name__)
 
 
 def tokens(
@@ -34,7 +34,7 @@ def tokens(
             f"encode(decode(ids)) mismatch rate {rate:.3f} > tokenize.max_roundtrip_mismatch {limit}",
             path=inputs["responses"],
         )
-    atomic.write_jsonl(artifact.path("tokens"), samples)
-    manifest.write(artifact, [artifact.path("tokens")], stats.as_dict(), started)
+    atomic.write_jsonl(outputs["tokens"], samples)
+    manifest.write(artifact, outputs["manifest"], [outputs["tokens"]], stats.as_dict(), started)
     log.info("%s: %s", dataset, json.dumps(stats.as_dict()))
     return stats.as_dict()

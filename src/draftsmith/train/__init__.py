@@ -1,0 +1,2 @@
+"""Stage `train`: the training data plan (`data`), the loop with checkpoints and exact
+resume (`loop`), the rules' entries (`stage`)."""

@@ -66,7 +66,7 @@ from draftsmith.target.dtypes import torch_dtype
 from draftsmith.target.load import load_target
 from draftsmith.train.data import Batch, Position, TrainData
 
-log = logging.getLogger("draftsmith.train")
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 1
 _EMBED = "embed_tokens.weight"

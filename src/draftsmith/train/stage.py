@@ -21,7 +21,7 @@ from draftsmith.store.staging import Staged
 from draftsmith.target.load import model_info
 from draftsmith.train import loop
 
-log = logging.getLogger("draftsmith.train")
+log = logging.getLogger(__name__)
 
 
 def spec(config: dict, plan: Plan, info: dict, vocab: str) -> dict:
@@ -81,17 +81,18 @@ def train(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
             f"{artifact.key} at step {config['train']['total_steps']}"
         )
     tensors = {name: t.contiguous() for name, t in state["model"].items()}
-    with atomic.atomic_open(artifact.path("weights"), "wb") as handle:
+    with atomic.atomic_open(outputs["weights"], "wb") as handle:
         handle.write(save_tensors(tensors, metadata={"format": "pt"}))  # one entry: deterministic bytes
-    atomic.write_json(artifact.path("config"), state["draft_config"])
+    atomic.write_json(outputs["config"], state["draft_config"])
     layers = json.loads(Path(inputs["shard"]).read_text())["meta"]["layers"]
     vocab_info = json.loads(Path(inputs["vocab_info"]).read_text())
     summary = summarize(config, state, list(inputs["metrics"]), vocab_info, layers)
-    atomic.write_json(artifact.path("summary"), summary)
+    atomic.write_json(outputs["summary"], summary)
     stats = {k: summary[k] for k in ("steps", "tokens_seen", "samples_seen", "wall_s")} | {
         "end": summary["end"]
     }
-    manifest.write(artifact, [artifact.path(r) for r in ("weights", "config", "summary")], stats, started)
+    files = [outputs[role] for role in ("weights", "config", "summary")]
+    manifest.write(artifact, outputs["manifest"], files, stats, started)
     log.info("draft %s: %s", artifact.key, json.dumps(summary["end"]))
     return summary
 

@@ -1,0 +1,1 @@
+"""Stage `vocab`: the draft vocabulary from the supervised tokens of the training split."""

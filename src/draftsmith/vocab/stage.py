@@ -17,7 +17,7 @@ from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target.load import model_info
 
-log = logging.getLogger("draftsmith.vocab")
+log = logging.getLogger(__name__)
 
 
 def vocab(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
@@ -57,9 +57,9 @@ def vocab(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
         "held_out_samples": len(held),
         "val_fraction": val_fraction,
     }
-    with atomic.atomic_open(artifact.path("vocab"), "wb") as handle:
+    with atomic.atomic_open(outputs["vocab"], "wb") as handle:
         handle.write(save_tensors(tensors))
-    atomic.write_json(artifact.path("info"), info)
-    manifest.write(artifact, [artifact.path("vocab"), artifact.path("info")], info, started)
+    atomic.write_json(outputs["info"], info)
+    manifest.write(artifact, outputs["manifest"], [outputs["vocab"], outputs["info"]], info, started)
     log.info("draft vocabulary: %s", json.dumps(info))
     return info

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from draftsmith import config
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import DraftsmithError, ModelError
 from draftsmith.hidden.sglang import (
     CaptureError,
     CaptureMode,
@@ -142,7 +142,7 @@ def test_extra_args_that_would_change_the_capture_are_refused(llama, extra, mess
 def test_target_must_match_the_layers(tmp_path, llama):
     with pytest.raises(CaptureError, match="num_hidden_layers=30"):
         build_capture_command(llama, launch(), AuxLayers.default(32))
-    with pytest.raises(CaptureError, match="cannot read the target's config"):
+    with pytest.raises(ModelError, match="cannot read the target's config"):
         build_capture_command(tmp_path / "missing", launch(), AuxLayers.default(30))
 
 

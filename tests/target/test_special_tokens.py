@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from draftsmith import stages
 from draftsmith.errors import ModelError
+from draftsmith.model.stage import describe
 from draftsmith.target import load as target
 from draftsmith.target import special_tokens
 
@@ -156,7 +156,7 @@ def test_generation_stop_ids_including_end_of_turn_pass(tokenizer):
 
 
 def test_describe_model_records_the_template_end_of_turn(demo_model_dir):
-    info = stages.describe_model(
+    info = describe(
         demo_model_dir, {"trust_remote_code": False, "probe_generation": False, "dtype": "float32"}
     )
     tokens = info["special_tokens"]
@@ -166,7 +166,7 @@ def test_describe_model_records_the_template_end_of_turn(demo_model_dir):
     assert info["hidden_size"] == 576
     assert info["vocab_size"] == 49152
     with pytest.raises(ModelError, match=r"\[163533\]"):
-        stages.describe_model(
+        describe(
             demo_model_dir,
             {
                 "trust_remote_code": False,

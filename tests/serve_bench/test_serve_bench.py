@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import write_rows, write_training
 
-from draftsmith.config import ConfigError, validate
-from draftsmith.errors import ServerError
+from draftsmith.errors import ConfigError, ServerError
 from draftsmith.formats.prompt_sets import OverlapError
 from draftsmith.runtime.process import free_port
 from draftsmith.serve_bench import metrics
@@ -36,9 +35,10 @@ from draftsmith.serve_bench.stage import (
     build_commands,
     run_benchmark,
     run_server,
-    serve_benchmark,
+    serve_bench,
 )
 from draftsmith.store import manifest
+from draftsmith.workflow import configure
 
 MODEL = "/models/target"
 DRAFT = Path("/artifacts/export/0123456789abcdef/sglang")
@@ -57,7 +57,9 @@ def _config(tmp_path: Path, top: dict | None = None, **bench) -> dict:
         "evaluate": {"prompt_sets": {"held": {"path": str(prompts)}}},
         "serve_benchmark": {"enabled": True, "prompt_set": "held", **bench},
     }
-    return validate(config | (top or {}))
+    config |= top or {}
+    configure(config)  # as the Snakefile does: schema, then the stage's own refusals
+    return config
 
 
 def _bench(tmp_path: Path, **bench) -> dict:
@@ -149,7 +151,7 @@ def test_config_validation_names_every_problem_at_once(tmp_path):
 def test_disabled_block_is_not_checked(tmp_path):
     config = _config(tmp_path)
     config["serve_benchmark"] = {"enabled": False, "speculative_algorithm": "EAGLE"}
-    validate(config)  # nothing to refuse for a benchmark that does not run
+    configure(config)  # nothing to refuse for a benchmark that does not run
 
 
 def test_serving_context_may_follow_the_exported_context(tmp_path):
@@ -590,12 +592,12 @@ def test_stage_writes_report_manifest_and_logs(tmp_path, fake, demo_model_dir):
                "manifest": str(out / "manifest.json")}  # fmt: skip
     train, responses = write_training(tmp_path, {"train-000000": "Name three animals."})
     inputs = {"model": str(model), "draft_config": str(draft / "config.json")}
-    report = serve_benchmark(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
+    report = serve_bench(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
 
-    from draftsmith.stages import plan_for
+    from draftsmith.store.plan import plan_for
 
     assert json.loads(Path(outputs["json"]).read_text()) == report
-    assert report["key"] == plan_for(config).serve_bench_key
+    assert report["key"] == plan_for(config).serve_bench.key
     assert (report["prompt_set"], report["prompts"], report["max_new_tokens"]) == ("held", 2, 7)
     (row,) = report["settings"]
     assert set(row) == {"k", "concurrency", "baseline", "draft", "speedup"}
@@ -627,7 +629,7 @@ def test_stage_refuses_a_prompt_over_the_context(tmp_path, fake, demo_model_dir)
     with pytest.raises(
         ServeBenchError, match=r"prompt held-000000 of evaluate.prompt_sets.held: \d+ tokens \+ "
     ):
-        serve_benchmark(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
+        serve_bench(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
     assert _launches(tmp_path) == []  # refused before any server started
 
 
@@ -640,5 +642,5 @@ def test_stage_refuses_a_prompt_the_draft_was_trained_on(tmp_path, fake, demo_mo
     inputs = {"model": str(model), "draft_config": str(_draft_dir(tmp_path) / "config.json")}
     inputs |= {"merged": str(train), "responses": [str(responses)]}
     with pytest.raises(OverlapError, match=r"prompt set 'held' row held-000001 .* train-000007"):
-        serve_benchmark(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
+        serve_bench(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
     assert _launches(tmp_path) == []  # refused before any server started

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from test_train import assert_ttt_attention_matches_explicit, hidden, read_records, spec  # noqa: F401 (fixtures)
+from train.test_train import assert_ttt_attention_matches_explicit, hidden, read_records, spec  # noqa: F401 (fixtures)
 
 from draftsmith.train import loop as train
 

@@ -14,7 +14,6 @@ import torch
 from conftest import write_training
 
 from draftsmith import config as cfg
-from draftsmith import stages
 from draftsmith.draft import vocab
 from draftsmith.draft.model import DraftConfig, Eagle3Draft, shift
 from draftsmith.evaluate import spec_decode as sd
@@ -24,7 +23,7 @@ from draftsmith.evaluate.stage import (
     Settings,
     _acceptance,
     benchmark_sets,
-    evaluate_draft,
+    evaluate,
     export_aux_layers,
     vocab_coverage,
 )
@@ -38,12 +37,14 @@ from draftsmith.formats.prompt_sets import (
     prompt_hash,
     training_prompts,
 )
+from draftsmith.model.stage import describe
 from draftsmith.store import atomic
+from draftsmith.store.plan import plan_for
 from draftsmith.target import load as target
 from draftsmith.target import special_tokens
 from draftsmith.target.layers import AuxLayers
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The first makes the target repeat ", hello": with a two-token draft vocabulary of
 # exactly those, a random draft is often right, so rounds that accept (crop less, add
 # several draft positions) get exercised; the second is accepted rarely.
@@ -65,7 +66,7 @@ def model(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def model_info(demo_model_dir) -> dict:
-    return stages.describe_model(demo_model_dir, MODEL_CFG)
+    return describe(demo_model_dir, MODEL_CFG)
 
 
 @pytest.fixture(scope="module")
@@ -368,7 +369,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
     config, inputs, outputs = _stage_setup(
         tmp_path, demo_model_dir, model_info, export_dir, ["How do tides work?"]
     )
-    evaluate_draft(config, inputs, outputs)
+    evaluate(config, inputs, outputs)
     bench = json.loads(Path(outputs["json"]).read_text())
     assert set(bench) == {
         "key",
@@ -380,7 +381,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
         "lossless",
         "prompt_sets",
     }
-    assert bench["key"] == stages.plan_for(config).eval_key and bench["lossless"] is True
+    assert bench["key"] == plan_for(config).evaluate.key and bench["lossless"] is True
     assert bench["k"] == [1, 2] and bench["device"].startswith("cpu")
     tiny = bench["prompt_sets"]["tiny"]
     assert tiny["prompts"] == len(PROMPTS)
@@ -416,7 +417,7 @@ def test_stage_refuses_an_overlapping_set_before_writing(tmp_path, demo_model_di
         tmp_path, demo_model_dir, model_info, export_dir, ["repeat the word HELLO ten times."]
     )
     with pytest.raises(OverlapError, match="chat-000000"):
-        evaluate_draft(config, inputs, outputs)
+        evaluate(config, inputs, outputs)
     assert not Path(outputs["json"]).parent.exists()
 
 

@@ -18,18 +18,18 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, snakemake, snakemake_cmd, workflow_config, write_rows
-from draftsmith.stages import plan_for
 from matplotlib.image import imread
 
 from draftsmith import config as cfg
 from draftsmith.formats.markdown import to_html
-from draftsmith.hidden import estimate as extract_plan
+from draftsmith.hidden import estimate
 from draftsmith.merged import data_report as report
 from draftsmith.report import plots
-from draftsmith.report.stage import build_report
+from draftsmith.report.stage import report as build_report
 from draftsmith.report.summary import benchmark_markdown
 from draftsmith.report.workflow import report_command
 from draftsmith.store import atomic
+from draftsmith.store.plan import plan_for
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = {
@@ -110,10 +110,15 @@ def fixture_data_report(costs: tuple[float, float] = (0.0, 0.0)) -> dict:
     }
 
 
-def fixture_plan_report() -> dict:
-    plan = {"num_tokens": 2048, "num_samples": 20, "num_shards": 2, "shards": [{"num_tokens": 1024}] * 2}
+def fixture_estimate() -> dict:
+    assignment = {
+        "num_tokens": 2048,
+        "num_samples": 20,
+        "num_shards": 2,
+        "shards": [{"num_tokens": 1024}] * 2,
+    }
     extract = {"storage": "raw", "throughput_tok_s": None}
-    return extract_plan.report(plan, 64, "float32", extract, Path("."))
+    return estimate.estimate(assignment, 64, "float32", extract, Path("."))
 
 
 def fixture_metrics(segments: int = 2, steps: int = 4, positions: int = 3) -> list[list[dict]]:
@@ -173,12 +178,12 @@ def write_inputs(directory: Path, benchmark: dict, data_report: dict, segments: 
     metrics = [directory / f"metrics-{i:05d}.jsonl" for i in range(len(segments))]
     for path, records in zip(metrics, segments, strict=True):
         atomic.write_jsonl(path, records)
-    plan_report = fixture_plan_report()
+    estimate_figures = fixture_estimate()
     files = {
         "data_report": (directory / "data_report.json", json.dumps(data_report)),
         "data_report_md": (directory / "data_report.md", report.markdown(data_report)),
-        "plan_report": (directory / "plan_report.json", json.dumps(plan_report)),
-        "plan_report_md": (directory / "plan_report.md", extract_plan.markdown(plan_report, "test")),
+        "estimate": (directory / "hidden_estimate.json", json.dumps(estimate_figures)),
+        "estimate_md": (directory / "hidden_estimate.md", estimate.markdown(estimate_figures, "test")),
         "train_summary": (directory / "train_summary.json", json.dumps(fixture_train_summary(segments))),
         "benchmark": (directory / "benchmark.json", json.dumps(benchmark)),
     }
@@ -195,7 +200,7 @@ def rule_outputs(directory: Path) -> dict:
         "summary": directory / "benchmark.md",
         "summary_html": directory / "benchmark.html",
         "data_report_html": directory / "data_report.html",
-        "plan_report_html": directory / "plan_report.html",
+        "estimate_html": directory / "hidden_estimate.html",
     }
     return {name: str(path) for name, path in paths.items()}
 
@@ -255,7 +260,7 @@ def test_one_panel_per_prompt_set(tmp_path):
 # --- the summary and HTML pages ----------------------------------------------------------
 def summary_text(benchmark: dict) -> str:
     train_summary = fixture_train_summary(fixture_metrics())
-    return benchmark_markdown("test", fixture_data_report(), fixture_plan_report(), train_summary, benchmark)
+    return benchmark_markdown("test", fixture_data_report(), fixture_estimate(), train_summary, benchmark)
 
 
 def section(text: str, heading: str) -> str:
@@ -280,10 +285,10 @@ def test_summary_holds_the_input_numbers():
     assert "k (draft tokens per verify step) in 1, 2, 3" in text
     # Data totals: 2 datasets, 24 rows, 2 bad rows, 20 merged, 2,100 tokens, 601 supervised.
     assert table_row(section(text, "Data"), "2")[:6] == ["2", "24", "2", "20", "2,100", "601"]
-    # Plan: 2 shards, 20 samples, 2,048 tokens stored raw.
-    plan_row = table_row(section(text, "Extraction plan"), "2")
-    stored = f"{fixture_plan_report()['bytes_needed'] / 1e9:.3f} GB"
-    assert plan_row[:5] == ["2", "20", "2,048", "raw", stored]
+    # Estimate: 2 shards, 20 samples, 2,048 tokens stored raw.
+    estimate_row = table_row(section(text, "Hidden-state estimate"), "2")
+    stored = f"{fixture_estimate()['bytes_needed'] / 1e9:.3f} GB"
+    assert estimate_row[:5] == ["2", "20", "2,048", "raw", stored]
     # Training: 8 steps of 300 tokens; end figures per TTT position from the last step.
     training = section(text, "Training")
     assert table_row(training, "8")[:3] == ["8", "2.00", "2,400"]
@@ -332,7 +337,7 @@ def test_build_report_writes_every_output(tmp_path):
     for path in outputs.values():
         assert Path(path).stat().st_size > 0, path
     assert "# Benchmark report: test" in Path(outputs["summary"]).read_text()
-    assert "<td>2,048</td>" in Path(outputs["plan_report_html"]).read_text()  # plan tokens
+    assert "<td>2,048</td>" in Path(outputs["estimate_html"]).read_text()  # estimated tokens
     assert "<td>601</td>" in Path(outputs["data_report_html"]).read_text()  # supervised total
 
 
@@ -417,7 +422,7 @@ def test_rule_outputs_are_all_marked_for_the_report(tmp_path):
         assert mark is not None, f"{name} is not marked for the report"
         caption = Path(mark["caption"]).resolve()
         assert caption.is_file() and caption.parent == REPO / "report", name
-        assert mark["category"] in {"Benchmark", "Data", "Extraction plan", "Training"}
+        assert mark["category"] in {"Benchmark", "Data", "Hidden-state estimate", "Training"}
         assert mark["labels"]["experiment"] == "test"
 
 
@@ -438,12 +443,12 @@ def test_snakemake_report_shows_every_result(tmp_path):
     inputs = write_inputs(tmp_path / "inputs", fixture_benchmark(), fixture_data_report(), plan.num_segments)
     results = tmp_path / plan.results_dir
     planned = {
-        "data_report": plan.merged_dir / "data_report.json",
-        "data_report_md": plan.merged_dir / "data_report.md",
-        "plan_report": results / "plan_report.json",
-        "plan_report_md": results / "plan_report.md",
-        "train_summary": plan.draft_dir / "train_summary.json",
-        "benchmark": plan.eval_dir / "benchmark.json",
+        "data_report": plan.merged.path("report"),
+        "data_report_md": plan.merged.path("report_md"),
+        "estimate": tmp_path / plan.result("estimate"),
+        "estimate_md": tmp_path / plan.result("estimate_md"),
+        "train_summary": plan.train.path("summary"),
+        "benchmark": plan.evaluate.path("json"),
     } | {f"metrics-{i}": plan.metrics(i) for i in range(plan.num_segments)}
     sources = inputs | {f"metrics-{i}": path for i, path in enumerate(inputs["metrics"])}
     for name, path in planned.items():

@@ -13,7 +13,7 @@ import yaml
 
 from draftsmith import config as cfg
 from draftsmith.store import hashing
-from draftsmith.store import plan as keys
+from draftsmith.store import keys as stage_keys
 from draftsmith.store.hashing import HashCache
 from draftsmith.store.plan import SEMANTIC_TRAIN, Plan
 
@@ -59,10 +59,10 @@ def plan_of(tmp_path: Path):
 
 def all_keys(plan: Plan) -> dict:
     return {
-        "model": plan.model_key,
-        "responses": dict(plan.response_keys),
-        "tokens": dict(plan.token_keys),
-        "merged": plan.merged_key,
+        "model": plan.model.key,
+        "responses": {n: a.key for n, a in plan.responses.items()},
+        "tokens": {n: a.key for n, a in plan.tokens.items()},
+        "merged": plan.merged.key,
     }
 
 
@@ -245,7 +245,7 @@ def test_tokenize_max_length_changes_tokens_not_responses(base, plan_of):
 
 def test_stage_version_bump_invalidates_that_stage_and_downstream(monkeypatch, base, plan_of):
     before = all_keys(plan_of(base))
-    monkeypatch.setitem(keys.STAGE_VERSIONS, "tokens", keys.STAGE_VERSIONS["tokens"] + 1)
+    monkeypatch.setitem(stage_keys.STAGE_VERSIONS, "tokens", stage_keys.STAGE_VERSIONS["tokens"] + 1)
     after = all_keys(plan_of(base))
     assert after["model"] == before["model"]
     assert after["responses"] == before["responses"]
@@ -257,16 +257,16 @@ def test_configs_differing_in_seed_share_all_but_merged_dir(base, plan_of):
     one = plan_of(base)
     base["merge"] = {"seed": 7}
     other = plan_of(base)
-    assert one.model_dir == other.model_dir
+    assert one.model.directory == other.model.directory
     for name in ("chat", "code", "math"):
-        assert one.responses_dir(name) == other.responses_dir(name)
-        assert one.tokens_dir(name) == other.tokens_dir(name)
-    assert one.merged_dir != other.merged_dir
+        assert one.responses[name].directory == other.responses[name].directory
+        assert one.tokens[name].directory == other.tokens[name].directory
+    assert one.merged.directory != other.merged.directory
     root = Path(base["artifacts_dir"])
-    assert one.responses_dir("chat") == root / "responses" / "chat" / one.response_keys["chat"]
-    assert one.tokens_dir("chat") == root / "tokens" / "chat" / one.token_keys["chat"]
-    assert one.merged_dir == root / "merged" / one.merged_key
-    assert one.model_dir == root / "model" / one.model_key
+    assert one.responses["chat"].directory == root / "responses" / "chat" / one.responses["chat"].key
+    assert one.tokens["chat"].directory == root / "tokens" / "chat" / one.tokens["chat"].key
+    assert one.merged.directory == root / "merged" / one.merged.key
+    assert one.model.directory == root / "model" / one.model.key
 
 
 def test_missing_dataset_file_warns_and_plans_a_placeholder(tmp_path, sources, base, plan_of, capsys):
@@ -276,9 +276,9 @@ def test_missing_dataset_file_warns_and_plans_a_placeholder(tmp_path, sources, b
     plan = plan_of(base)
     assert re.search(r"draftsmith: source not found: .*math\.jsonl", capsys.readouterr().err)
     assert plan.missing_sources == [str(sources["math"])]
-    assert len(plan.response_keys["math"]) == hashing.KEY_LENGTH
-    assert plan.response_keys["math"] != present["responses"]["math"]
-    assert plan.response_keys["chat"] == present["responses"]["chat"]
+    assert len(plan.responses["math"].key) == hashing.KEY_LENGTH
+    assert plan.responses["math"].key != present["responses"]["math"]
+    assert plan.responses["chat"].key == present["responses"]["chat"]
     # Once the file shows up, its real content decides the key again.
     write_dataset(sources["math"], ["1+1?", "2*3?"])
     assert all_keys(plan_of(base)) == present
@@ -289,16 +289,16 @@ def test_missing_model_file_warns(sources, base, plan_of, capsys):
     sources["model"].unlink()
     plan = plan_of(base)
     assert re.search(r"source not found: .*model\.gguf", capsys.readouterr().err)
-    assert len(plan.model_key) == hashing.KEY_LENGTH
+    assert len(plan.model.key) == hashing.KEY_LENGTH
 
 
 def test_given_gguf_sha256_is_trusted_without_hashing(sources, base, plan_of):
     base["model"]["source"]["sha256"] = "a" * 64
-    before = plan_of(base).model_key
+    before = plan_of(base).model.key
     sources["model"].write_bytes(b"different bytes")
-    assert plan_of(base).model_key == before
+    assert plan_of(base).model.key == before
     base["model"]["source"]["sha256"] = "b" * 64
-    assert plan_of(base).model_key != before
+    assert plan_of(base).model.key != before
 
 
 def test_hf_dir_fingerprint_hashes_metadata_and_stats_weights(tmp_path, base, plan_of):
@@ -307,14 +307,14 @@ def test_hf_dir_fingerprint_hashes_metadata_and_stats_weights(tmp_path, base, pl
     (model / "config.json").write_text('{"hidden_size": 8}')
     (model / "model.safetensors").write_bytes(b"\0" * 32)
     base["model"]["source"] = {"kind": "hf_dir", "path": str(model)}
-    first = plan_of(base).model_key
+    first = plan_of(base).model.key
     (model / "model.safetensors").write_bytes(b"\1" * 32)  # same size: weights are only stat'ed
-    assert plan_of(base).model_key == first
+    assert plan_of(base).model.key == first
     (model / "model.safetensors").write_bytes(b"\1" * 33)
-    second = plan_of(base).model_key
+    second = plan_of(base).model.key
     assert second != first
     (model / "config.json").write_text('{"hidden_size": 16}')
-    assert plan_of(base).model_key != second
+    assert plan_of(base).model.key != second
 
 
 # --- HashCache -----------------------------------------------------------------
@@ -403,7 +403,7 @@ def test_tree_sha256_depends_on_names_and_contents(tmp_path):
 
 
 def train_keys(plan: Plan) -> dict:
-    return {"hidden": plan.hidden_key, "draft_vocab": plan.draft_vocab_key, "draft": plan.draft_key}
+    return {"hidden": plan.hidden.key, "draft_vocab": plan.vocab.key, "draft": plan.train.key}
 
 
 @pytest.mark.parametrize(
@@ -470,14 +470,14 @@ def test_segments_are_fixed_by_config(base, plan_of):
     base["train"] = {"total_steps": 10, "checkpoint_every": 4}
     plan = plan_of(base)
     assert plan.num_segments == 3 and plan.segment_names == ["00000", "00001", "00002"]
-    assert plan.checkpoint(2) == plan.draft_dir / "ckpt-00002.pt"
-    assert plan.metrics(0) == plan.draft_dir / "metrics-00000.jsonl"
-    assert plan.draft_dir == Path(base["artifacts_dir"]) / "draft" / plan.draft_key
-    assert plan.draft_vocab_dir == Path(base["artifacts_dir"]) / "draft_vocab" / plan.draft_vocab_key
+    assert plan.checkpoint(2) == plan.train.directory / "ckpt-00002.pt"
+    assert plan.metrics(0) == plan.train.directory / "metrics-00000.jsonl"
+    assert plan.train.directory == Path(base["artifacts_dir"]) / "train" / plan.train.key
+    assert plan.vocab.directory == Path(base["artifacts_dir"]) / "vocab" / plan.vocab.key
 
 
 def late_keys(plan: Plan) -> dict[str, str]:
-    return {"draft": plan.draft_key, "export": plan.export_key, "eval": plan.eval_key}
+    return {"draft": plan.train.key, "export": plan.export.key, "eval": plan.evaluate.key}
 
 
 @pytest.mark.parametrize(
@@ -513,3 +513,32 @@ def test_eval_prompt_set_content_moves_the_eval_key(tmp_path, base, plan_of):
     os.utime(held, ns=(1, 1))  # a new mtime: the hash cache rereads the file
     after = late_keys(plan_of(base))
     assert after["eval"] != before["eval"] and after["export"] == before["export"]
+
+
+def test_a_stage_rename_changes_no_key(base, plan_of):
+    """Keys hash each stage's word from before the renames (keys.HASHED_NAMES), so a store
+    built then is reused: every key equals the hash of the old names, params and labels."""
+    plan = plan_of(base)
+    old = {"vocab": "draft_vocab", "train": "draft", "evaluate": "eval"}
+    for artifact in plan.artifacts:
+        payload = {
+            "stage": old.get(artifact.stage, artifact.stage),
+            "version": stage_keys.STAGE_VERSIONS[artifact.stage],
+            "params": artifact.params,
+            "upstream": {old.get(label, label): key for label, key in artifact.upstream.items()},
+        }
+        assert hashing.derive_key(payload) == artifact.key, artifact.stage
+    assert plan.export.upstream == {"train": plan.train.key}  # labelled with today's words
+
+
+def test_manifest_params_are_the_keys_params(base, plan_of, tmp_path):
+    """A manifest records exactly what its key hashed: it is written from the Artifact."""
+    from draftsmith.store import atomic, manifest
+
+    plan = plan_of(base)
+    artifact = plan.tokens["chat"]
+    atomic.write_text(artifact.path("tokens"), "{}\n")
+    written = manifest.write(artifact, artifact.manifest, [artifact.path("tokens")], {}, 0.0)
+    assert (written["params"], written["upstream"]) == (artifact.params, artifact.upstream)
+    payload = {"stage": "tokens", "version": 1, "params": written["params"], "upstream": written["upstream"]}
+    assert hashing.derive_key(payload) == written["key"] == artifact.key

@@ -14,7 +14,7 @@ import pytest
 from draftsmith.errors import DatasetError
 from draftsmith.formats.datasets import BadRow, LoadedDataset, load_prompts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "datasets"
 HELDOUT = REPO / "resources" / "eval" / "heldout.jsonl"
 OK_CONVERSATION = [{"from": "human", "value": "fine"}]

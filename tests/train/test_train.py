@@ -13,14 +13,15 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith import config as cfg
-from draftsmith import stages
 from draftsmith.draft.vocab import build, count_supervised
+from draftsmith.formats.merged import held_out_ids, id_fraction
 from draftsmith.formats.shards import ShardWriter
 from draftsmith.target import load as target
 from draftsmith.target.layers import AuxLayers
 from draftsmith.train import data as train_data
 from draftsmith.train import loop as train
-from draftsmith.train.data import TrainData, held_out_ids, id_fraction, pack, sort_windows
+from draftsmith.train.data import TrainData, pack, sort_windows
+from draftsmith.vocab.stage import vocab
 
 TEXTS = [
     ("What is the capital of France?", "The capital of France is Paris."),
@@ -282,13 +283,13 @@ def run_vocab_stage(tmp_path: Path, config: dict, samples: list[dict]) -> tuple[
         "info": out / "vocab.json",
         "manifest": out / "manifest.json",
     }
-    info = stages.build_draft_vocab(
+    info = vocab(
         config,
         inputs={"model": str(tmp_path / "model" / "model.json"), "merged": str(merged)},
         outputs=outputs,
     )
     assert json.loads(outputs["info"].read_text()) == info
-    assert json.loads(outputs["manifest"].read_text())["stage"] == "draft_vocab"
+    assert json.loads(outputs["manifest"].read_text())["stage"] == "vocab"
     return info, load_file(str(outputs["vocab"]))
 
 

@@ -14,11 +14,12 @@ import shutil
 
 import pytest
 
-from draftsmith import stages
 from draftsmith.errors import TokenizeError
 from draftsmith.formats.datasets import Prompt
 from draftsmith.formats.responses import Usage, response_record
+from draftsmith.model.stage import describe
 from draftsmith.responses.hf import HFBackend
+from draftsmith.runtime import resources
 from draftsmith.target import load as target
 from draftsmith.tokens.chat import ChatTokenizer, TokenizeStats, tokenize_records
 
@@ -233,7 +234,7 @@ def test_backend_ids_end_of_turn_appended_once_and_prompt_ids_used(tokenizer):
 
 def test_real_greedy_generation_ids_are_kept(tokenizer, demo_model_dir):
     """The HF backend's own records (real greedy generation) go through tokenize unchanged."""
-    model_info = stages.describe_model(
+    model_info = describe(
         demo_model_dir, {"trust_remote_code": False, "probe_generation": False, "dtype": "float32"}
     )
     generation = {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}
@@ -456,7 +457,7 @@ def test_tokens_threads_follow_the_responses_size(tmp_path):
     """Workers for a large dataset, one core for a small one or a file not there yet (dry run)."""
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
     small.write_text("{}\n" * 100)
-    large.write_bytes(b"x" * (stages.TOKENS_PARALLEL_BYTES + 1))
-    assert stages.tokens_threads(str(small)) == 1
-    assert stages.tokens_threads(str(large)) == stages.TOKENS_WORKERS
-    assert stages.tokens_threads(str(tmp_path / "missing.jsonl")) == 1
+    large.write_bytes(b"x" * (resources.TOKENS_PARALLEL_BYTES + 1))
+    assert resources.tokens_threads(str(small)) == 1
+    assert resources.tokens_threads(str(large)) == resources.TOKENS_WORKERS
+    assert resources.tokens_threads(str(tmp_path / "missing.jsonl")) == 1

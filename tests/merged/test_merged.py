@@ -6,7 +6,6 @@ import copy
 
 from draftsmith.merged import data_report as report
 from draftsmith.merged import merge
-from draftsmith.store import atomic
 
 
 def samples(name: str, count: int) -> list[dict]:
@@ -86,12 +85,6 @@ def test_merge_does_not_mutate_its_inputs():
     snapshot = copy.deepcopy(per_dataset)
     merge.merge(per_dataset, {"chat": 3}, seed=2)
     assert per_dataset == snapshot
-
-
-def test_read_samples_roundtrip(tmp_path):
-    path = tmp_path / "tokens.jsonl"
-    atomic.write_jsonl(path, samples("chat", 3))
-    assert merge.read_samples(path) == samples("chat", 3)
 
 
 # --- report --------------------------------------------------------------------

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from draftsmith import config as cfg
-from draftsmith.config import ConfigError
+from draftsmith.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "config.yaml"
 KINDS = "['pypi', 'gguf', 'hf_dir']"
 

@@ -20,7 +20,7 @@ def smk(config: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_dry_run_shows_the_plan(config):
-    result = smk(config, "-n", "data")
+    result = smk(config, "-n", "merged")
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
     assert "Nothing to be done" in out or "merge" in out
@@ -34,7 +34,7 @@ def test_graph_renders_with_dot(config, graph):
     dot = shutil.which("dot")
     if dot is None:
         pytest.skip("graphviz is not installed (.ci/run installs it)")
-    result = smk(config, "data", graph)
+    result = smk(config, "merged", graph)
     assert result.returncode == 0 and result.stdout.lstrip().startswith("digraph"), result.stderr[-2000:]
     svg = subprocess.run([dot, "-Tsvg"], input=result.stdout, capture_output=True, text=True, check=True)
     assert "<svg" in svg.stdout and "merge" in svg.stdout

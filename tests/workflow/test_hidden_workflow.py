@@ -22,7 +22,7 @@ NUM_SHARDS = 6
 def config_for(work: Path, model_dir: Path) -> dict:
     config = workflow_config(work, model_dir, {"facts": write_rows(work / "facts.jsonl", PROMPTS)})
     config["generation"]["max_new_tokens"] = 32
-    config["extract"] = {"num_shards": NUM_SHARDS, "batch_tokens": 256, "storage": "raw"}
+    config["hidden_shard"] = {"num_shards": NUM_SHARDS, "batch_tokens": 256, "storage": "raw"}
     return config
 
 
@@ -34,18 +34,18 @@ def shard_files(hidden: Path) -> dict[str, tuple[int, int, bytes]]:
 
 
 def test_dry_run_previews_every_extraction_job(tmp_path, demo_model_dir):
-    plan = planned_jobs(snakemake(tmp_path, config_for(tmp_path, demo_model_dir), "hidden_states", "-n"))
-    assert plan["extract"] == NUM_SHARDS and plan["shard_plan"] == 1 and plan["responses"] == 1
+    plan = planned_jobs(snakemake(tmp_path, config_for(tmp_path, demo_model_dir), "hidden", "-n"))
+    assert plan["hidden_shard"] == NUM_SHARDS and plan["hidden_assign"] == 1 and plan["responses"] == 1
 
 
 def test_kill9_mid_extraction_rebuilds_only_unfinished_shards(tmp_path, demo_model_dir):
     config = config_for(tmp_path, demo_model_dir)
-    snakemake(tmp_path, config, "data", "plan")
-    report = json.loads(next((tmp_path / "results").rglob("plan_report.json")).read_text())
+    snakemake(tmp_path, config, "merged", "hidden_estimate")
+    report = json.loads(next((tmp_path / "results").rglob("hidden_estimate.json")).read_text())
     assert report["shards"] == NUM_SHARDS and report["bytes_by_mode"]["fp8"] < report["bytes_by_mode"]["raw"]
     hidden = next((tmp_path / "artifacts" / "hidden").iterdir())
 
-    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "hidden_states")
+    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "hidden")
     runner = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -63,18 +63,18 @@ def test_kill9_mid_extraction_rebuilds_only_unfinished_shards(tmp_path, demo_mod
     assert {n.rsplit(".", 1)[0] for n in finished} == done
 
     snakemake(tmp_path, config, "--unlock")
-    logs = tmp_path / "logs" / "extract" / hidden.name
+    logs = tmp_path / "logs" / "hidden_shard" / hidden.name
     first_logs = {p.name: p.read_text() for p in logs.glob("*.log")}
     # A shard killed between its last write and Snakemake's bookkeeping looks
     # incomplete to Snakemake: its job may rerun, but must reuse the staged shard.
-    planned = planned_jobs(snakemake(tmp_path, config, "hidden_states", "-n"))["extract"]
+    planned = planned_jobs(snakemake(tmp_path, config, "hidden", "-n"))["hidden_shard"]
     assert NUM_SHARDS - len(done) <= planned <= NUM_SHARDS - len(done) + 1
-    snakemake(tmp_path, config, "hidden_states")
+    snakemake(tmp_path, config, "hidden")
     after = shard_files(hidden)
     for shard in sorted(done):
         log = (logs / f"{shard}.log").read_text()
         rerun = log != first_logs[f"{shard}.log"]
-        assert not rerun or "reusing the verified shard" in log
+        assert not rerun or "reusing the verified output" in log
         for name in (f"{shard}.bin", f"{shard}.json"):
             # Same inode and bytes; a relinked shard's mtime is Snakemake's to touch.
             assert after[name][::2] == finished[name][::2] and (rerun or after[name] == finished[name])
@@ -92,7 +92,7 @@ def test_kill9_mid_extraction_rebuilds_only_unfinished_shards(tmp_path, demo_mod
     fixed = subprocess.run(verify, capture_output=True, text=True)
     assert fixed.returncode == 1 and "shard-00001" in fixed.stdout
     targets = fixed.stdout.split("snakemake ", 1)[1].split()
-    assert planned_jobs(snakemake(tmp_path, config, *targets, "-n")) == {"extract": 1}
+    assert planned_jobs(snakemake(tmp_path, config, *targets, "-n")) == {"hidden_shard": 1}
     snakemake(tmp_path, config, *targets)
     rebuilt = shard_files(hidden)
     assert rebuilt["shard-00001.bin"][2] == after["shard-00001.bin"][2]  # deterministic: same bytes again

@@ -275,7 +275,7 @@ def real_activations(model_dir: Path, tokens_per_sample: int = 256, count: int =
     """Aux (outputs of decoder layers 1, 14, 26) and final states of the demo model on real text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     lines = []
     for path in sorted((repo / "resources" / "datasets").glob("*.jsonl")):
         for record in map(json.loads, path.read_text().splitlines()):

@@ -47,7 +47,7 @@ def kill_mid_generation(workdir: Path, config: dict, env: dict | None = None) ->
     """Start `snakemake data`, kill -9 it once 3 responses are journaled; returns the journal."""
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    cmd = snakemake_cmd(workdir, config_path, "data")
+    cmd = snakemake_cmd(workdir, config_path, "merged")
     runner = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
     )
@@ -76,7 +76,7 @@ def kill_mid_generation(workdir: Path, config: dict, env: dict | None = None) ->
 
 
 def resume(workdir: Path, config: dict, done: dict[str, dict], env: dict | None = None) -> list[dict]:
-    for args in (["--unlock"], ["data"]):
+    for args in (["--unlock"], ["merged"]):
         config_path = workdir / "config.yaml"
         cmd = snakemake_cmd(workdir, config_path, *args)
         result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

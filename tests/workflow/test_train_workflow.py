@@ -56,13 +56,13 @@ def stat(path: Path) -> tuple[int, int, bytes]:
 
 def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     config = config_for(tmp_path, demo_model_dir)
-    plan = planned_jobs(snakemake(tmp_path, config, "draft", "-n"))
-    assert plan["train_segment"] == SEGMENTS and plan["draft_vocab"] == 1 and plan["train"] == 1
+    plan = planned_jobs(snakemake(tmp_path, config, "export", "-n"))
+    assert plan["train_segment"] == SEGMENTS and plan["vocab"] == 1 and plan["train"] == 1
     assert plan["export"] == 1
 
     # The reference: one uninterrupted run.
-    snakemake(tmp_path, config, "draft")
-    draft_dir = next((tmp_path / "artifacts" / "draft").iterdir())
+    snakemake(tmp_path, config, "export")
+    draft_dir = next((tmp_path / "artifacts" / "train").iterdir())
     key = draft_dir.name
     reference = curve(draft_dir)
     reference_weights = (draft_dir / "draft.safetensors").read_bytes()
@@ -70,7 +70,7 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     assert summary["steps"] == 4 * SEGMENTS and len(summary["end"]["train"]["acc_pos"]) == 3
     assert summary["end"]["val"]["samples"] >= 1 and summary["tokens_seen"] > 0
     assert json.loads((draft_dir / "draft_config.json").read_text())["draft_vocab_size"] == 256
-    vocab = json.loads(next((tmp_path / "artifacts" / "draft_vocab").glob("*/vocab.json")).read_text())
+    vocab = json.loads(next((tmp_path / "artifacts" / "vocab").glob("*/vocab.json")).read_text())
     assert vocab["padded"] > 0 and vocab["coverage"] == 1.0  # few distinct tokens: padded
     exported = next((tmp_path / "artifacts" / "export").iterdir())
     layers = json.loads(next((tmp_path / "artifacts" / "hidden").glob("*/shard-00000.json")).read_text())
@@ -94,7 +94,7 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     shutil.rmtree(draft_dir)
     logs = tmp_path / "logs" / "train" / key
     shutil.rmtree(logs)
-    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "draft")
+    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "export")
     runner = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -107,18 +107,17 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     os.killpg(runner.pid, signal.SIGKILL)
     runner.wait()
     assert not (draft_dir / "ckpt-00002.pt").exists(), "the kill should land during segment 2"
-    assert not (draft_dir / ".staged" / "segment-00002.json").exists()
+    assert not (draft_dir / ".staged" / "segment-00002.record.json").exists()
     finished = {name: stat(draft_dir / name) for name in ("ckpt-00000.pt", "ckpt-00001.pt")}
     first_logs = {p.name: p.read_text() for p in logs.glob("*.log")}
 
     snakemake(tmp_path, config, "--unlock")
-    assert planned_jobs(snakemake(tmp_path, config, "draft", "-n")) == {
+    assert planned_jobs(snakemake(tmp_path, config, "export", "-n")) == {
         "train_segment": 1,
         "train": 1,
         "export": 1,
-        "draft": 1,  # the target rule
     }
-    snakemake(tmp_path, config, "draft")
+    snakemake(tmp_path, config, "export")
     for name, before in finished.items():
         assert stat(draft_dir / name) == before  # not rewritten, not even touched
     for name in ("segment-00000.log", "segment-00001.log"):
@@ -132,9 +131,9 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     # Snakemake deleting finished outputs (as after a kill between the last write and its
     # bookkeeping) costs no training: the verified staged segments are linked back.
     staged = {name: stat(draft_dir / ".staged" / name)[0] for name in ("ckpt-00000.pt", "ckpt-00002.pt")}
-    snakemake(tmp_path, config, "draft", "--forcerun", "train_segment")
+    snakemake(tmp_path, config, "export", "--forcerun", "train_segment")
     for i in range(SEGMENTS):
-        assert "reusing the verified checkpoint" in (logs / f"segment-{i:05d}.log").read_text()
+        assert "reusing the verified output" in (logs / f"segment-{i:05d}.log").read_text()
     assert {name: stat(draft_dir / name)[0] for name in staged} == staged  # the same inodes
     assert curve(draft_dir) == reference
     assert (draft_dir / "draft.safetensors").read_bytes() == reference_weights

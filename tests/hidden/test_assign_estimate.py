@@ -4,43 +4,43 @@ from __future__ import annotations
 
 import pytest
 
-from draftsmith.hidden import estimate as plan
+from draftsmith.hidden import assign, estimate
 from draftsmith.hidden.hf import MergedSample, batches
 
 
 def test_assign_balances_tokens_and_is_deterministic():
     samples = [(f"s{i}", 10 + (i * 37) % 200) for i in range(500)]
-    shards = plan.assign(samples, 8)
-    assert plan.assign(list(reversed(samples)), 8) == shards  # input order does not matter
+    shards = assign.assign(samples, 8)
+    assert assign.assign(list(reversed(samples)), 8) == shards  # input order does not matter
     assert sorted(i for s in shards for i in s) == sorted(i for i, _ in samples)
     loads = [sum(dict(samples)[i] for i in s) for s in shards]
     assert max(loads) - min(loads) <= 200  # within one sample of each other
 
 
 def test_more_shards_than_samples_leaves_empty_shards():
-    assert sum(map(len, plan.assign([("a", 5), ("b", 3)], 4))) == 2
+    assert sum(map(len, assign.assign([("a", 5), ("b", 3)], 4))) == 2
 
 
 def test_check_disk_refuses_with_override():
-    with pytest.raises(plan.DiskSpaceError, match="allow_disk_overcommit"):
-        plan.check_disk(2_000, 1_000, allow=False, what="extraction")
-    plan.check_disk(2_000, 1_000, allow=True, what="extraction")
+    with pytest.raises(estimate.DiskSpaceError, match="allow_disk_overcommit"):
+        estimate.check_disk(2_000, 1_000, allow=False, what="extraction")
+    estimate.check_disk(2_000, 1_000, allow=True, what="extraction")
 
 
-def test_report_bytes_by_mode(tmp_path):
-    shard_plan = {
+def test_estimate_bytes_by_mode(tmp_path):
+    assignment = {
         "num_shards": 2,
         "num_samples": 3,
         "num_tokens": 1000,
         "shards": [{"num_tokens": 600}, {"num_tokens": 400}],
     }
     extract_cfg = {"storage": "raw", "throughput_tok_s": 100.0}
-    report = plan.report(shard_plan, 4096, "bfloat16", extract_cfg, tmp_path)
+    report = estimate.estimate(assignment, 4096, "bfloat16", extract_cfg, tmp_path)
     raw = report["bytes_by_mode"]["raw"]
     assert raw >= 1000 * 4 * 4096 * 2  # 3 aux + final states, bf16
     assert report["bytes_by_mode"]["fp8"] < 0.55 * raw and report["bytes_by_mode"]["zstd"] < raw
     assert report["estimated_hours"] == pytest.approx(1000 / 100 / 3600, abs=1e-3)
-    assert report["free_bytes"] > 0 and "estimated hours" in plan.markdown(report, "x")
+    assert report["free_bytes"] > 0 and "estimated hours" in estimate.markdown(report, "x")
 
 
 def test_batches_respect_the_token_budget_and_keep_every_sample():

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, planned_jobs, snakemake, workflow_config, write_rows
+from conftest import planned_jobs, snakemake, workflow_config, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -19,14 +19,14 @@ GAMMA = ["What is the capital of France?", "Count to three."]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, demo_model_dir):
-    """One finished `data` run with datasets alpha and beta."""
+    """One finished `merged` run with datasets alpha and beta."""
     work = tmp_path_factory.mktemp("wf")
     sources = {
         "alpha": write_rows(work / "alpha.jsonl", ALPHA),
         "beta": write_rows(work / "beta.jsonl", BETA),
     }
     config = workflow_config(work, demo_model_dir, sources)
-    snakemake(work, config, "data")
+    snakemake(work, config, "merged")
     return work, config
 
 
@@ -57,13 +57,13 @@ def test_data_outputs_and_report(built):
 
 def test_second_run_does_nothing(built):
     work, config = built
-    assert planned_jobs(snakemake(work, config, "data", "-n")) == {}
+    assert planned_jobs(snakemake(work, config, "merged", "-n")) == {}
 
 
 def test_seed_change_reruns_merge_only(built):
     work, config = built
     changed = dict(config, merge={"seed": 1})
-    assert planned_jobs(snakemake(work, changed, "data", "-n", name="seed1.yaml")) == {"merge": 1, "data": 1}
+    assert planned_jobs(snakemake(work, changed, "merged", "-n", name="seed1.yaml")) == {"merged": 1}
 
 
 def test_adding_dataset_generates_only_it(built):
@@ -73,9 +73,9 @@ def test_adding_dataset_generates_only_it(built):
         config["datasets"], gamma={"path": str(write_rows(work / "gamma.jsonl", GAMMA)), "format": "prompt"}
     )
     added = dict(config, datasets=datasets)
-    plan = planned_jobs(snakemake(work, added, "data", "-n", name="added.yaml"))
-    assert plan == {"responses": 1, "tokens": 1, "merge": 1, "data": 1}
-    snakemake(work, added, "data", name="added.yaml")
+    plan = planned_jobs(snakemake(work, added, "merged", "-n", name="added.yaml"))
+    assert plan == {"responses": 1, "tokens": 1, "merged": 1}
+    snakemake(work, added, "merged", name="added.yaml")
     after = artifact_files(work / "artifacts")
     assert {k: v for k, v in after.items() if k in before} == before  # nothing rewritten
     new = sorted(
@@ -87,7 +87,7 @@ def test_adding_dataset_generates_only_it(built):
 def test_configs_share_upstream_and_differ_side_by_side(built):
     work, config = built
     other = dict(config, merge={"seed": 7}, experiment="other")
-    snakemake(work, other, "data", name="other.yaml")
+    snakemake(work, other, "merged", name="other.yaml")
     root = work / "artifacts"
     assert len(list((root / "responses" / "alpha").iterdir())) == 1  # shared
     assert len(list((root / "tokens" / "alpha").iterdir())) == 1
@@ -102,7 +102,7 @@ def test_verify_names_corruption_and_rerun_rebuilds_it(built):
     data = bytearray(tokens.read_bytes())
     data[10] ^= 0x01
     tokens.write_bytes(bytes(data))
-    verify = [sys.executable, str(REPO / "scripts" / "verify.py"), str(root)]
+    verify = [sys.executable, "-m", "draftsmith.store.verify", str(root)]
     result = subprocess.run(verify, capture_output=True, text=True)
     assert result.returncode == 1 and f"CORRUPT {tokens.parent}" in result.stdout
     assert "sha256 mismatch" in result.stdout
@@ -113,13 +113,13 @@ def test_verify_names_corruption_and_rerun_rebuilds_it(built):
     assert planned_jobs(snakemake(work, config, *targets, "-n")) == {"tokens": 1}
     snakemake(work, config, *targets)
     assert subprocess.run(verify, capture_output=True, text=True).returncode == 0
-    assert planned_jobs(snakemake(work, config, "data", "-n")) == {}  # nothing downstream reruns
+    assert planned_jobs(snakemake(work, config, "merged", "-n")) == {}  # nothing downstream reruns
 
 
 def test_dry_run_with_model_absent_shows_plan(tmp_path):
     config = workflow_config(
         tmp_path, tmp_path / "no-such-model", {"alpha": write_rows(tmp_path / "a.jsonl", ALPHA)}
     )
-    result = snakemake(tmp_path, config, "data", "-n")
-    assert planned_jobs(result) == {"model": 1, "responses": 1, "tokens": 1, "merge": 1, "data": 1}
+    result = snakemake(tmp_path, config, "merged", "-n")
+    assert planned_jobs(result) == {"model": 1, "responses": 1, "tokens": 1, "merged": 1}
     assert "source not found" in result.stderr + result.stdout

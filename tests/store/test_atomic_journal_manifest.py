@@ -10,6 +10,7 @@ import pytest
 
 from draftsmith.store import atomic, manifest, verify
 from draftsmith.store.journal import Journal
+from draftsmith.store.plan import MANIFEST, Artifact
 
 
 class Boom(Exception):
@@ -169,20 +170,17 @@ def artifact(tmp_path: Path) -> Path:
     atomic.write_jsonl(out / "tokens.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [4]}])
     atomic.write_text(out / "shards" / "part-0.txt", "shard zero\n")
     manifest.write(
-        out / manifest.MANIFEST_NAME,
-        stage="tokens",
-        key="0123456789abcdef",
-        files=[out / "tokens.jsonl", out / "shards"],
-        params={"max_length": 512},
-        upstream={"model": "m" * 16},
-        stats={"samples": 2},
-        started=time.time() - 1,
+        Artifact("tokens", {"max_length": 512}, {"model": "m" * 16}, out, "0123456789abcdef"),
+        out / MANIFEST,
+        [out / "tokens.jsonl", out / "shards"],
+        {"samples": 2},
+        time.time() - 1,
     )
     return out
 
 
 def test_manifest_describes_every_file(artifact):
-    written = manifest.read(artifact / manifest.MANIFEST_NAME)
+    written = manifest.read(artifact / MANIFEST)
     assert set(written["files"]) == {"tokens.jsonl", "shards/part-0.txt"}
     tokens = written["files"]["tokens.jsonl"]
     assert tokens["size"] == (artifact / "tokens.jsonl").stat().st_size
@@ -194,7 +192,7 @@ def test_manifest_describes_every_file(artifact):
 
 
 def test_intact_artifact_checks_clean(artifact):
-    assert manifest.check(artifact / manifest.MANIFEST_NAME) == []
+    assert manifest.check(artifact / MANIFEST) == []
 
 
 def flip_one_byte(path: Path) -> None:
@@ -205,27 +203,25 @@ def flip_one_byte(path: Path) -> None:
 
 def test_check_flags_a_flipped_byte(artifact):
     flip_one_byte(artifact / "tokens.jsonl")
-    assert manifest.check(artifact / manifest.MANIFEST_NAME) == [
-        f"{artifact / 'tokens.jsonl'}: sha256 mismatch"
-    ]
+    assert manifest.check(artifact / MANIFEST) == [f"{artifact / 'tokens.jsonl'}: sha256 mismatch"]
 
 
 def test_check_flags_truncation(artifact):
     target = artifact / "shards" / "part-0.txt"
     size = target.stat().st_size
     target.write_bytes(target.read_bytes()[:3])
-    problems = manifest.check(artifact / manifest.MANIFEST_NAME)
+    problems = manifest.check(artifact / MANIFEST)
     assert problems == [f"{target}: size 3 != {size}"]
 
 
 def test_check_flags_deletion(artifact):
     (artifact / "tokens.jsonl").unlink()
-    assert manifest.check(artifact / manifest.MANIFEST_NAME) == [f"{artifact / 'tokens.jsonl'}: missing"]
+    assert manifest.check(artifact / MANIFEST) == [f"{artifact / 'tokens.jsonl'}: missing"]
 
 
 def test_check_flags_an_unreadable_manifest(artifact):
-    (artifact / manifest.MANIFEST_NAME).write_text("{torn")
-    (problem,) = manifest.check(artifact / manifest.MANIFEST_NAME)
+    (artifact / MANIFEST).write_text("{torn")
+    (problem,) = manifest.check(artifact / MANIFEST)
     assert "unreadable manifest" in problem
 
 
@@ -234,26 +230,23 @@ def test_verify_finds_and_quarantines_the_corrupt_artifact(tmp_path, artifact):
     healthy = root / "responses" / "chat" / "fedcba9876543210"
     atomic.write_text(healthy / "responses.jsonl", "{}\n")
     manifest.write(
-        healthy / manifest.MANIFEST_NAME,
-        stage="responses",
-        key="fedcba9876543210",
-        files=[healthy / "responses.jsonl"],
-        params={},
-        upstream={},
-        stats={},
-        started=time.time(),
+        Artifact("responses", {}, {}, healthy, "fedcba9876543210"),
+        healthy / MANIFEST,
+        [healthy / "responses.jsonl"],
+        {},
+        time.time(),
     )
     flip_one_byte(artifact / "tokens.jsonl")
 
     results = verify.verify(root)
     assert results == {
-        artifact / manifest.MANIFEST_NAME: [f"{artifact / 'tokens.jsonl'}: sha256 mismatch"],
-        healthy / manifest.MANIFEST_NAME: [],
+        artifact / MANIFEST: [f"{artifact / 'tokens.jsonl'}: sha256 mismatch"],
+        healthy / MANIFEST: [],
     }
 
-    moved = verify.quarantine(artifact / manifest.MANIFEST_NAME)
+    moved = verify.quarantine(artifact / MANIFEST)
     assert sorted(moved) == sorted(
-        [artifact / "tokens.jsonl", artifact / "shards" / "part-0.txt", artifact / manifest.MANIFEST_NAME]
+        [artifact / "tokens.jsonl", artifact / "shards" / "part-0.txt", artifact / MANIFEST]
     )
     assert sorted(p.relative_to(artifact).as_posix() for p in artifact.rglob("*") if p.is_file()) == [
         "manifest.json.corrupt",
@@ -261,7 +254,7 @@ def test_verify_finds_and_quarantines_the_corrupt_artifact(tmp_path, artifact):
         "tokens.jsonl.corrupt",
     ]
     # Quarantined outputs are simply missing now; the healthy artifact is untouched.
-    assert verify.verify(root) == {healthy / manifest.MANIFEST_NAME: []}
+    assert verify.verify(root) == {healthy / MANIFEST: []}
     assert (healthy / "responses.jsonl").read_text() == "{}\n"
 
 
@@ -281,5 +274,5 @@ def test_verify_main_reports_and_fixes(tmp_path, artifact, capsys):
     assert verify.main([str(root), "--fix"]) == 1
     assert "quarantined" in capsys.readouterr().out
     assert (artifact / "tokens.jsonl.corrupt").exists()
-    assert not (artifact / manifest.MANIFEST_NAME).exists()
+    assert not (artifact / MANIFEST).exists()
     assert verify.main([str(root)]) == 0

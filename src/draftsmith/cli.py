@@ -1,0 +1,190 @@
+"""The `draftsmith` command: inspect and maintain the artifact store Snakemake builds.
+
+`plan` lists what a config asks for and what of it is built, `verify` re-hashes
+artifacts against their manifests, `gc` lists (and deletes) what no config plans, and
+`migrate` brings a store from before the stage renames into the current layout.
+Configs are read as Snakemake reads them: `config.yaml` unless `--configfile` is given,
+several `--configfile` merged in order (the later wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from draftsmith import config as cfg
+from draftsmith.errors import ConfigError
+from draftsmith.store import gc, migrate, verify
+from draftsmith.store.plan import Artifact, Plan
+from draftsmith.workflow import configure
+
+DEFAULT_CONFIG = Path("config.yaml")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"draftsmith: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    configs = argparse.ArgumentParser(add_help=False)
+    configs.add_argument(
+        "--configfile",
+        action="append",
+        type=Path,
+        metavar="X",
+        help=f"config file, repeatable (default: {DEFAULT_CONFIG})",
+    )
+
+    plan = _command(commands, "plan", _plan, "list every planned artifact and whether it is built", configs)
+    plan.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+
+    check = _command(commands, "verify", _verify, "re-hash artifacts against their manifests", configs)
+    check.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
+    check.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts")
+
+    unplanned = "list artifact directories that no given config plans (each config planned on its own)"
+    collect = _command(commands, "gc", _gc, unplanned, configs)
+    collect.add_argument("--delete", action="store_true", help="delete them")
+
+    move = _command(commands, "migrate", _migrate, "move a store to the current stage names", configs)
+    move.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
+    move.add_argument("--dry-run", action="store_true", help="print the steps without taking them")
+    return parser
+
+
+def _command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    summary: str,
+    parent: argparse.ArgumentParser,
+) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=summary, description=summary, parents=[parent])
+    parser.set_defaults(run=run)
+    return parser
+
+
+# --- configs ------------------------------------------------------------------------
+def _read(path: Path) -> dict:
+    """A config file's raw mapping (validation comes after merging)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
+def _merge(base: dict, override: dict) -> dict:
+    """`override` over `base`, mappings merged key by key (as Snakemake merges configfiles)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = _merge(merged[key], value)
+        merged[key] = value
+    return merged
+
+
+def _merged(paths: list[Path]) -> tuple[dict, str]:
+    config: dict = {}
+    for path in paths:
+        config = _merge(config, _read(path))
+    return config, ", ".join(map(str, paths))
+
+
+def _paths(args: argparse.Namespace) -> list[Path]:
+    return args.configfile or [DEFAULT_CONFIG]
+
+
+def _plan_of(paths: list[Path]) -> Plan:
+    return configure(*_merged(paths))
+
+
+def _root(args: argparse.Namespace) -> Path:
+    if args.root is not None:
+        return args.root
+    return Path(cfg.validate(*_merged(_paths(args)))["artifacts_dir"])
+
+
+# --- plan -----------------------------------------------------------------------------
+def _plan(args: argparse.Namespace) -> int:
+    plan = _plan_of(_paths(args))
+    rows = [_describe(plan, artifact) for artifact in plan.artifacts]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [("stage", "dataset", "key", "built", "directory")]
+    table += [
+        (r["stage"], r["dataset"] or "-", r["key"], "yes" if r["built"] else "no", r["directory"])
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for *cells, directory in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)), directory)
+    return 0
+
+
+def _describe(plan: Plan, artifact: Artifact) -> dict:
+    parent = artifact.directory.parent
+    return {
+        "stage": artifact.stage,
+        "dataset": None if parent == plan.root / artifact.stage else parent.name,
+        "key": artifact.key,
+        "directory": str(artifact.directory),
+        "built": _built(plan, artifact),
+    }
+
+
+def _built(plan: Plan, artifact: Artifact) -> bool:
+    # Hidden states have no manifest of their own: each shard's index is one.
+    if artifact.stage == "hidden":
+        indexes = [plan.shard(name) for name in plan.shard_names]
+        return all(p.exists() for p in [artifact.path("assignment"), *indexes])
+    return artifact.manifest.exists()
+
+
+# --- store maintenance -------------------------------------------------------------------
+def _verify(args: argparse.Namespace) -> int:
+    return verify.main([str(_root(args)), *(["--fix"] if args.fix else [])])
+
+
+def _gc(args: argparse.Namespace) -> int:
+    garbage = gc.unreferenced(_plan_of([path]) for path in _paths(args))
+    total = 0
+    for directory in garbage:
+        size = gc.size(directory)
+        total += size
+        print(f"{gc.human_size(size):>9}  {directory}")
+        if args.delete:
+            gc.remove(directory)
+    verb = "deleted" if args.delete else "unreferenced (delete with --delete)"
+    print(f"gc: {len(garbage)} directories {verb}, {gc.human_size(total)} ({total:,} bytes)")
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    steps = []
+    for step in migrate.migrate(_root(args), dry_run=args.dry_run):
+        print(step, flush=True)
+        steps.append(step)
+    if not steps:
+        print("migrate: nothing to do")
+    elif args.dry_run:
+        print(f"migrate: dry run, {len(steps)} steps not taken")
+    # A directory left in place (its new name taken) needs a person to look at it.
+    return 1 if any(step.action == "left" for step in steps) else 0

@@ -1,0 +1,114 @@
+"""Bring a store written before the stage renames into the current layout, in place.
+
+The stages `draft_vocab`, `draft` and `eval` are now `vocab`, `train` and `evaluate`,
+and the hidden stage's `plan.json` is now `assignment.json`. Keys did not change (they
+still hash the old names, see `keys.HASHED_NAMES`), so moving whole key directories and
+relabelling manifests is the whole migration. Every step looks before it acts, so a run
+after a crash finishes the job and a run after that finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.store import atomic, manifest
+from draftsmith.store.gc import artifact_dirs, key_dirs
+from draftsmith.store.keys import HASHED_NAMES
+from draftsmith.store.plan import FILES, MANIFEST
+
+# Old stage word -> current one: the names keys hash are the names the stages had.
+RENAMED = {old: new for new, old in HASHED_NAMES.items()}
+OLD_ASSIGNMENT = "plan.json"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing the migration does (or, on a dry run, would do); `left` changes nothing."""
+
+    action: str  # move, remove, rewrite or left
+    path: Path
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.action:<8} {self.path}" + (f" {self.detail}" if self.detail else "")
+
+
+def migrate(root: Path, dry_run: bool = False) -> Iterator[Step]:
+    """Each step as it is taken (a dry run only yields them)."""
+    moved: list[Path] = []
+    for old, new in RENAMED.items():
+        yield from _move_stage(root / old, root / new, dry_run, moved)
+    for hidden in key_dirs(root / "hidden"):
+        source = hidden / OLD_ASSIGNMENT
+        if source.exists():
+            yield _move(source, hidden / FILES["hidden"]["assignment"], dry_run)
+    # On a dry run the moved directories are still under their old names.
+    for directory in sorted({*artifact_dirs(root), *moved}):
+        step = _relabel(directory / MANIFEST, dry_run)
+        if step is not None:
+            yield step
+
+
+def _move_stage(old: Path, new: Path, dry_run: bool, moved: list[Path]) -> Iterator[Step]:
+    """Move a renamed stage's key directories, appending where each now lies to `moved`."""
+    for source in key_dirs(old):
+        step = _move(source, new / source.name, dry_run)
+        yield step
+        if step.action == "move":
+            moved.append(source if dry_run else new / source.name)
+    if old.is_dir() and all(p in moved for p in old.iterdir()):
+        yield Step("remove", old, "(empty)")
+        if not dry_run:
+            old.rmdir()
+
+
+def _move(source: Path, target: Path, dry_run: bool) -> Step:
+    if target.exists():
+        return Step("left", source, f"({target} exists)")
+    if not dry_run:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, target)
+        atomic.fsync_dir(source.parent)
+        atomic.fsync_dir(target.parent)
+    return Step("move", source, f"-> {target}")
+
+
+def _relabel(path: Path, dry_run: bool) -> Step | None:
+    """Rewrite a manifest's stage and upstream labels where they use an old name."""
+    if not path.exists():
+        return None
+    try:
+        old = manifest.read(path)
+    except (OSError, ValueError) as exc:
+        return Step("left", path, f"(unreadable: {exc})")
+    renames = _renames(old)
+    if not renames:
+        return None
+    if not dry_run:
+        atomic.write_json(path, _relabelled(old))
+    return Step("rewrite", path, f"({', '.join(renames)})")
+
+
+def _renames(record: dict) -> list[str]:
+    """The stage and upstream labels of a manifest that use an old stage word."""
+    labels = [("stage", record["stage"])] if "stage" in record else []
+    labels += [("upstream", label) for label in record.get("upstream", {})]
+    return [f"{field} {label} -> {_label(label)}" for field, label in labels if _label(label) != label]
+
+
+def _relabelled(record: dict) -> dict:
+    new = dict(record)
+    if "stage" in new:
+        new["stage"] = _label(new["stage"])
+    if "upstream" in new:
+        new["upstream"] = {_label(label): key for label, key in new["upstream"].items()}
+    return new
+
+
+def _label(label: str) -> str:
+    """A stage word (or `stage/dataset` label) in the current words."""
+    stage, slash, rest = label.partition("/")
+    return RENAMED.get(stage, stage) + slash + rest

@@ -1,0 +1,142 @@
+"""draftsmith.store.migrate and `draftsmith migrate`: a store written under the old stage
+names ends up exactly where today's plan looks, manifests relabelled, keys unchanged."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import workflow_config, write_rows
+
+from draftsmith import cli
+from draftsmith.store import manifest, migrate
+from draftsmith.store.hashing import derive_key
+from draftsmith.store.keys import STAGE_VERSIONS
+from draftsmith.store.plan import FILES, MANIFEST, Artifact, Plan
+from draftsmith.workflow import configure
+
+# The stage words before the renames, as the store on disk still spells them.
+OLD_NAMES = {"vocab": "draft_vocab", "train": "draft", "evaluate": "eval"}
+RELABELLED = ("vocab", "train", "export", "evaluate")
+PAST = 1_000_000_000
+
+
+def old_label(label: str) -> str:
+    stage, slash, rest = label.partition("/")
+    return OLD_NAMES.get(stage, stage) + slash + rest
+
+
+def old_key(artifact: Artifact) -> str:
+    """The key the code before the renames gave the artifact: it hashed its own stage words."""
+    return derive_key(
+        {
+            "stage": old_label(artifact.stage),
+            "version": STAGE_VERSIONS[artifact.stage],
+            "params": artifact.params,
+            "upstream": {old_label(label): key for label, key in artifact.upstream.items()},
+        }
+    )
+
+
+def write_old(plan: Plan, artifact: Artifact) -> Path:
+    """The artifact as the code before the renames wrote it (a manifest last, dated long ago)."""
+    dataset = artifact.directory.parent.relative_to(plan.root / artifact.stage)
+    directory = plan.root / old_label(artifact.stage) / dataset / old_key(artifact)
+    if artifact.stage == "hidden":
+        directory.mkdir(parents=True)
+        (directory / "plan.json").write_text('{"num_shards": 1}')
+        return directory
+    data = directory / next(iter(FILES[artifact.stage].values()))
+    data.parent.mkdir(parents=True)
+    data.write_text(f"{artifact.stage} data")
+    upstream = {old_label(label): key for label, key in artifact.upstream.items()}
+    old = Artifact(old_label(artifact.stage), artifact.params, upstream, directory, artifact.key)
+    manifest.write(old, directory / MANIFEST, [data], {}, time.time())
+    os.utime(directory / MANIFEST, (PAST, PAST))
+    return directory
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Plan:
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    datasets = {n: write_rows(tmp_path / f"{n}.jsonl", [f"{n} prompt"]) for n in ("chat", "code")}
+    return configure(copy.deepcopy(workflow_config(tmp_path, target, datasets)))
+
+
+@pytest.fixture
+def old_store(plan: Plan) -> Path:
+    for artifact in plan.artifacts:
+        write_old(plan, artifact)
+    return plan.root
+
+
+def snapshot(root: Path) -> dict[Path, tuple[int, bytes]]:
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def test_old_keys_are_the_planned_keys(plan):
+    assert [old_key(a) for a in plan.artifacts] == [a.key for a in plan.artifacts]
+
+
+def test_migration_lands_every_artifact_where_the_plan_looks(plan, old_store):
+    steps = list(migrate.migrate(old_store))
+    assert sorted(s.action for s in steps) == ["move"] * 4 + ["remove"] * 3 + ["rewrite"] * 4
+    for old in OLD_NAMES.values():
+        assert not (old_store / old).exists()
+    assert plan.hidden.path("assignment").exists()
+    assert not (plan.hidden.directory / "plan.json").exists()
+    for artifact in plan.artifacts:
+        if artifact.stage == "hidden":
+            continue
+        record = manifest.read(artifact.manifest)
+        assert (record["stage"], record["key"]) == (artifact.stage, artifact.key)
+        assert record["upstream"] == artifact.upstream
+        assert record["params"] == json.loads(json.dumps(artifact.params))
+        assert manifest.check(artifact.manifest) == []
+        rewritten = artifact.manifest.stat().st_mtime != PAST
+        assert rewritten == (artifact.stage in RELABELLED), artifact.stage
+
+
+def test_a_second_run_has_nothing_to_do(old_store, capsys):
+    assert cli.main(["migrate", str(old_store)]) == 0
+    assert "move" in capsys.readouterr().out
+    after = snapshot(old_store)
+    assert cli.main(["migrate", str(old_store)]) == 0
+    assert capsys.readouterr().out == "migrate: nothing to do\n"
+    assert snapshot(old_store) == after
+
+
+def test_dry_run_changes_nothing_and_prints_the_real_steps(old_store, capsys):
+    before = snapshot(old_store)
+    assert cli.main(["migrate", str(old_store), "--dry-run"]) == 0
+    *planned, summary = capsys.readouterr().out.splitlines()
+    assert summary == f"migrate: dry run, {len(planned)} steps not taken"
+    assert snapshot(old_store) == before
+    assert [str(s) for s in migrate.migrate(old_store)][: len(planned) - 4] == planned[:-4]
+    # Only the rewrites differ: on a dry run the manifests are still under the old names.
+    assert [line.split()[0] for line in planned[-4:]] == ["rewrite"] * 4
+
+
+def test_a_move_finished_before_a_crash_is_completed(plan, old_store):
+    plan.vocab.directory.parent.mkdir()
+    os.rename(old_store / "draft_vocab" / plan.vocab.key, plan.vocab.directory)
+    steps = list(migrate.migrate(old_store))
+    assert plan.vocab.manifest in [s.path for s in steps if s.action == "rewrite"]
+    assert manifest.read(plan.vocab.manifest)["stage"] == "vocab"
+    assert list(migrate.migrate(old_store)) == []
+
+
+def test_a_taken_destination_leaves_the_source(plan, old_store, capsys):
+    plan.train.directory.mkdir(parents=True)
+    source = old_store / "draft" / plan.train.key
+    before = snapshot(source)
+    assert cli.main(["migrate", str(old_store)]) == 1
+    assert f"left     {source} ({plan.train.directory} exists)" in capsys.readouterr().out
+    assert snapshot(source) == before
+    assert plan.vocab.directory.is_dir() and plan.evaluate.directory.is_dir()

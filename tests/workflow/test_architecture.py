@@ -1,0 +1,161 @@
+"""The house rules, checked: no import cycle, stages apart, console scripts that import, and
+every artifact file name spelled only in the artifact plan (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from draftsmith.store import plan
+from draftsmith.store.keys import STAGES
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src" / "draftsmith"
+STAGE_PACKAGES = {*STAGES, "report"}
+INFRASTRUCTURE = {"store", "runtime", "target", "formats", "draft", "config", "errors"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def imports(name: str) -> set[str]:
+    """Every draftsmith module `name` imports, anywhere in it (function-local imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("draftsmith")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("draftsmith"):
+            for alias in node.names:  # `from draftsmith.pkg import mod` imports the module
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return found & set(MODULES)
+
+
+def top(name: str) -> str:
+    return name.split(".")[1] if name.count(".") else ""
+
+
+def cycles() -> list[list[str]]:
+    graph = {name: imports(name) for name in MODULES}
+    found, done = [], set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            found.append(path[path.index(name) :] + [name])
+            return
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    return found
+
+
+def test_no_import_cycle():
+    assert cycles() == []
+
+
+def test_the_guard_sees_a_cycle(monkeypatch, tmp_path):
+    """The cycle check itself works: two modules importing each other are found."""
+    (tmp_path / "a.py").write_text("from draftsmith.b import x\n")
+    (tmp_path / "b.py").write_text("import draftsmith.a\n")
+    monkeypatch.setitem(MODULES, "draftsmith.a", tmp_path / "a.py")
+    monkeypatch.setitem(MODULES, "draftsmith.b", tmp_path / "b.py")
+    assert ["draftsmith.a", "draftsmith.b", "draftsmith.a"] in cycles()
+
+
+def test_stages_use_each_other_only_through_their_package():
+    """A stage may use what another stage's package exports, never its modules."""
+    bad = [
+        f"{name} imports {dep}"
+        for name in MODULES
+        if top(name) in STAGE_PACKAGES
+        for dep in imports(name)
+        if top(dep) in STAGE_PACKAGES and top(dep) != top(name) and dep != f"draftsmith.{top(dep)}"
+    ]
+    assert bad == []
+
+
+def test_infrastructure_imports_no_stage():
+    bad = [
+        f"{name} imports {dep}"
+        for name in MODULES
+        if top(name) in INFRASTRUCTURE
+        for dep in imports(name)
+        if top(dep) in STAGE_PACKAGES
+    ]
+    assert bad == []
+
+
+def test_console_scripts_import():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get("scripts", {})
+    for name, target in scripts.items():
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), name
+
+
+# HF's directory layout (the target, and the serving formats built on it) fixes these, not
+# us; `hf` (the converted model's directory) is also the name of a generation backend.
+HF_NAMES = {plan.EXPORT_FILES["config"], plan.EXPORT_FILES["weights"], plan.FILES["model"]["hf"]}
+ARTIFACT_NAMES = (
+    {Path(name).name for files in plan.FILES.values() for name in files.values()}
+    | set(plan.RESULTS.values())
+    | {plan.MANIFEST, plan.JOURNAL, plan.HASH_CACHE, plan.STAGED}
+) - HF_NAMES
+
+
+def python_strings(path: Path) -> list[str]:
+    """String constants of a module, docstrings left out (they may name files)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def snakemake_code(path: Path) -> list[str]:
+    return [line.split("#", 1)[0] for line in path.read_text().splitlines()]
+
+
+def spelled(texts: list[str]) -> set[str]:
+    pattern = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, ARTIFACT_NAMES)) + r")(?![\w-])")
+    return {match for text in texts for match in pattern.findall(text)}
+
+
+def test_artifact_file_names_are_spelled_only_in_the_plan():
+    where = {}
+    for path in [*SRC.rglob("*.py"), *(REPO / "scripts").glob("*.py")]:
+        if path != SRC / "store" / "plan.py":
+            where[path] = spelled(python_strings(path))
+    for path in [REPO / "Snakefile", *(REPO / "rules").glob("*.smk")]:
+        where[path] = spelled(snakemake_code(path))
+    assert {str(p.relative_to(REPO)): names for p, names in where.items() if names} == {}
+
+
+@pytest.mark.parametrize("text", ['x = "train.jsonl"', 'f"{root}/manifest.json"'])
+def test_the_guard_sees_a_file_name(tmp_path, text):
+    module = tmp_path / "m.py"
+    module.write_text(text + "\n")
+    assert spelled(python_strings(module))

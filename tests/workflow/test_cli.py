@@ -1,0 +1,133 @@
+"""The `draftsmith` command: plan lists what configure() plans, config errors exit 2, the
+console script and `python -m draftsmith` both start it."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import workflow_config, write_rows
+
+from draftsmith import cli
+from draftsmith.store import manifest
+from draftsmith.store.keys import STAGES
+from draftsmith.workflow import configure
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> dict:
+    """A raw config over a stand-in target directory and two small prompt files."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    datasets = {n: write_rows(tmp_path / f"{n}.jsonl", [f"{n} prompt"]) for n in ("chat", "code")}
+    return workflow_config(tmp_path, target, datasets)
+
+
+def write_config(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def plan_json(capsys, *configfiles: Path) -> list[dict]:
+    args = [arg for path in configfiles for arg in ("--configfile", str(path))]
+    assert cli.main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_prints_every_stage_and_key(tmp_path, config, capsys):
+    path = write_config(tmp_path / "config.yaml", config)
+    plan = configure(copy.deepcopy(config))
+    assert cli.main(["plan", "--configfile", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["stage", "dataset", "key", "built", "directory"]
+    rows = [line.split() for line in lines[1:]]
+    assert [row[0] for row in rows] == [a.stage for a in plan.artifacts]
+    assert {row[0] for row in rows} == set(STAGES)
+    assert [row[2] for row in rows] == [a.key for a in plan.artifacts]
+    assert [row[1] for row in rows if row[0] == "responses"] == ["chat", "code"]
+    assert {row[3] for row in rows} == {"no"}
+
+
+def test_plan_json_lists_the_keys_configure_plans(tmp_path, config, capsys):
+    rows = plan_json(capsys, write_config(tmp_path / "config.yaml", config))
+    plan = configure(copy.deepcopy(config))
+    assert [(r["stage"], r["key"], r["directory"]) for r in rows] == [
+        (a.stage, a.key, str(a.directory)) for a in plan.artifacts
+    ]
+    assert {r["dataset"] for r in rows if r["stage"] in ("responses", "tokens")} == {"chat", "code"}
+    assert {r["dataset"] for r in rows if r["stage"] not in ("responses", "tokens")} == {None}
+
+
+def test_plan_reports_what_is_built(tmp_path, config, capsys):
+    path = write_config(tmp_path / "config.yaml", config)
+    plan = configure(copy.deepcopy(config))
+    plan.model.path("info").parent.mkdir(parents=True)
+    plan.model.path("info").write_text("{}")
+    manifest.write(plan.model, plan.model.manifest, [plan.model.path("info")], {}, time.time())
+    # Hidden states are built once the assignment and every shard index exist.
+    plan.hidden.directory.mkdir(parents=True)
+    plan.hidden.path("assignment").write_text("{}")
+    assert {r["stage"] for r in plan_json(capsys, path) if r["built"]} == {"model"}
+    for name in plan.shard_names:
+        plan.shard(name).write_text("{}")
+    assert {r["stage"] for r in plan_json(capsys, path) if r["built"]} == {"model", "hidden"}
+
+
+def test_later_configfiles_win(tmp_path, config, capsys):
+    base = write_config(tmp_path / "base.yaml", config)
+    overlay = write_config(tmp_path / "overlay.yaml", {"merge": {"seed": 7}, "train": {"lr": 0.01}})
+    rows = plan_json(capsys, base, overlay)
+    merged = copy.deepcopy(config)
+    merged["merge"]["seed"] = 7
+    merged["train"] = {"lr": 0.01}
+    assert [r["key"] for r in rows] == [a.key for a in configure(merged).artifacts]
+    assert rows != plan_json(capsys, base)
+
+
+def test_a_bad_key_exits_2_naming_it(tmp_path, config, capsys):
+    config["train"] = {"lr": "fast"}
+    path = write_config(tmp_path / "config.yaml", config)
+    assert cli.main(["plan", "--configfile", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr" in err and str(path) in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_configfile_exits_2(tmp_path, capsys):
+    assert cli.main(["plan", "--configfile", str(tmp_path / "absent.yaml")]) == 2
+    assert "absent.yaml" in capsys.readouterr().err
+
+
+def test_verify_defaults_to_the_configs_store(tmp_path, config, capsys):
+    path = write_config(tmp_path / "config.yaml", config)
+    model = configure(copy.deepcopy(config)).model
+    model.directory.mkdir(parents=True)
+    model.path("info").write_text("{}")
+    manifest.write(model, model.manifest, [model.path("info")], {}, time.time())
+    assert cli.main(["verify", "--configfile", str(path)]) == 0
+    assert "1 artifacts checked, 0 corrupt" in capsys.readouterr().out
+    model.path("info").write_text("{ }")
+    assert cli.main(["verify", "--configfile", str(path), "--fix"]) == 1
+    assert not model.manifest.exists()
+
+
+def test_console_script_is_installed():
+    (script,) = [
+        e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "draftsmith"
+    ]
+    assert script.load() is cli.main
+
+
+def test_python_dash_m_runs_the_command():
+    result = subprocess.run([sys.executable, "-m", "draftsmith", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for command in ("plan", "verify", "gc", "migrate"):
+        assert command in result.stdout
