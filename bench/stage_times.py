@@ -10,16 +10,13 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
-from draftsmith.stages import plan_for
+import yaml
 
-from draftsmith import config as cfg
+from draftsmith.workflow import configure
 
 
 def planned_keys(config: dict) -> set[str]:
-    plan = plan_for(config)
-    keys = {plan.model.key, plan.merged.key, plan.hidden.key, plan.vocab.key, plan.train.key}
-    keys |= {plan.export.key, plan.evaluate.key, *plan.response_keys.values(), *plan.token_keys.values()}
-    return keys
+    return {artifact.key for artifact in configure(config).artifacts}
 
 
 def main() -> None:
@@ -27,7 +24,7 @@ def main() -> None:
     parser.add_argument("--configfile", type=Path, required=True)
     parser.add_argument("--benchmarks", type=Path, default=Path("benchmarks"))
     args = parser.parse_args()
-    keys = planned_keys(cfg.load(args.configfile))
+    keys = planned_keys(yaml.safe_load(args.configfile.read_text()))
     totals: dict[str, list[float]] = defaultdict(list)
     for path in sorted(args.benchmarks.rglob("*.tsv")):
         if not keys & (set(path.parts) | {path.stem}):

@@ -28,7 +28,9 @@ def existing(paths):
 
 MODEL_INFO = str(PLAN.model.path("info"))
 MERGED = str(PLAN.merged.path("train"))
-MERGED_RESPONSES = [str(PLAN.responses[n].path("responses")) for n in PLAN.merged_datasets]
+MERGED_RESPONSES = [
+    str(PLAN.responses[n].path("responses")) for n in PLAN.merged_datasets
+]
 FIRST_SHARD = str(PLAN.shard(PLAN.shard_names[0]))
 
 
