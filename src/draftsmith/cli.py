@@ -20,7 +20,7 @@ import yaml
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
 from draftsmith.store import gc, migrate, verify
-from draftsmith.store.plan import Artifact, Plan
+from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan
 from draftsmith.workflow import configure
 
 DEFAULT_CONFIG = Path("config.yaml")
@@ -186,5 +186,14 @@ def _migrate(args: argparse.Namespace) -> int:
         print("migrate: nothing to do")
     elif args.dry_run:
         print(f"migrate: dry run, {len(steps)} steps not taken")
+    else:
+        # Snakemake's run records in a checkout that built this store still list the old
+        # input paths, and its `input` rerun trigger would rerun those jobs; the keys
+        # already say the files are current.
+        print(
+            "migrate: done; in each workflow directory that ran on this store, drop Snakemake's "
+            f"stale run records:\n  snakemake --cleanup-metadata $(find {_root(args)} -type f "
+            f"-not -path '*/{STAGED}/*' -not -name '{HASH_CACHE}')"
+        )
     # A directory left in place (its new name taken) needs a person to look at it.
     return 1 if any(step.action == "left" for step in steps) else 0
