@@ -22,7 +22,7 @@ NUM_SHARDS = 6
 def config_for(work: Path, model_dir: Path) -> dict:
     config = workflow_config(work, model_dir, {"facts": write_rows(work / "facts.jsonl", PROMPTS)})
     config["generation"]["max_new_tokens"] = 32
-    config["hidden_shard"] = {"num_shards": NUM_SHARDS, "batch_tokens": 256, "storage": "raw"}
+    config["extract"] = {"num_shards": NUM_SHARDS, "batch_tokens": 256, "storage": "raw"}
     return config
 
 

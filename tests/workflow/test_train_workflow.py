@@ -56,12 +56,12 @@ def stat(path: Path) -> tuple[int, int, bytes]:
 
 def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     config = config_for(tmp_path, demo_model_dir)
-    plan = planned_jobs(snakemake(tmp_path, config, "export", "-n"))
+    plan = planned_jobs(snakemake(tmp_path, config, "train", "export", "-n"))
     assert plan["train_segment"] == SEGMENTS and plan["vocab"] == 1 and plan["train"] == 1
     assert plan["export"] == 1
 
     # The reference: one uninterrupted run.
-    snakemake(tmp_path, config, "export")
+    snakemake(tmp_path, config, "train", "export")
     draft_dir = next((tmp_path / "artifacts" / "train").iterdir())
     key = draft_dir.name
     reference = curve(draft_dir)
@@ -94,7 +94,7 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     shutil.rmtree(draft_dir)
     logs = tmp_path / "logs" / "train" / key
     shutil.rmtree(logs)
-    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "export")
+    cmd = snakemake_cmd(tmp_path, tmp_path / "config.yaml", "train", "export")
     runner = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -112,12 +112,12 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     first_logs = {p.name: p.read_text() for p in logs.glob("*.log")}
 
     snakemake(tmp_path, config, "--unlock")
-    assert planned_jobs(snakemake(tmp_path, config, "export", "-n")) == {
+    assert planned_jobs(snakemake(tmp_path, config, "train", "export", "-n")) == {
         "train_segment": 1,
         "train": 1,
         "export": 1,
     }
-    snakemake(tmp_path, config, "export")
+    snakemake(tmp_path, config, "train", "export")
     for name, before in finished.items():
         assert stat(draft_dir / name) == before  # not rewritten, not even touched
     for name in ("segment-00000.log", "segment-00001.log"):
@@ -131,7 +131,7 @@ def test_kill9_mid_segment_resumes_exactly(tmp_path, demo_model_dir):
     # Snakemake deleting finished outputs (as after a kill between the last write and its
     # bookkeeping) costs no training: the verified staged segments are linked back.
     staged = {name: stat(draft_dir / ".staged" / name)[0] for name in ("ckpt-00000.pt", "ckpt-00002.pt")}
-    snakemake(tmp_path, config, "export", "--forcerun", "train_segment")
+    snakemake(tmp_path, config, "train", "export", "--forcerun", "train_segment")
     for i in range(SEGMENTS):
         assert "reusing the verified output" in (logs / f"segment-{i:05d}.log").read_text()
     assert {name: stat(draft_dir / name)[0] for name in staged} == staged  # the same inodes
