@@ -118,8 +118,9 @@ def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file
                 on_written=bar.update,
             )
     bar.close()
-    _check_counts(json.loads(staged.path(outputs["index"]).read_text()), entry, shard)
-    staged.finish()
+    index = json.loads(staged.path(outputs["index"]).read_text())
+    _check_counts(index, entry, shard)
+    staged.finish({index["bin"]["name"]: index["bin"]["sha256"]})  # hashed while written
     log.info("%s: %d samples, %d tokens", shard, len(samples), entry["num_tokens"])
     return json.loads(Path(outputs["index"]).read_text())
 

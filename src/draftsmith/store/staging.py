@@ -60,12 +60,15 @@ class Staged:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.record.unlink(missing_ok=True)
 
-    def finish(self) -> None:
-        """Record the finished files, then link them into place."""
+    def finish(self, known_sha256: dict[str, str] | None = None) -> None:
+        """Record the finished files, then link them into place. `known_sha256` gives the
+        digests a writer already computed (by file name): a large file is not read again."""
+        known = known_sha256 or {}
         files = {}
         for declared in self.declared:
             path = self.path(declared)
-            files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+            digest = known.get(path.name) or sha256_file(path)
+            files[path.name] = {"sha256": digest, "size": path.stat().st_size}
         atomic.write_json(self.record, {"identity": self.identity, "files": files})
         self._link()
 
