@@ -15,8 +15,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
 from draftsmith.store import gc, migrate, verify
@@ -77,19 +75,6 @@ def _command(
 
 
 # --- configs ------------------------------------------------------------------------
-def _read(path: Path) -> dict:
-    """A config file's raw mapping (validation comes after merging)."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return raw
-
-
 def _merge(base: dict, override: dict) -> dict:
     """`override` over `base`, mappings merged key by key (as Snakemake merges configfiles)."""
     merged = dict(base)
@@ -103,7 +88,7 @@ def _merge(base: dict, override: dict) -> dict:
 def _merged(paths: list[Path]) -> tuple[dict, str]:
     config: dict = {}
     for path in paths:
-        config = _merge(config, _read(path))
+        config = _merge(config, cfg.read(path))
     return config, ", ".join(map(str, paths))
 
 

@@ -129,15 +129,22 @@ def _check_train(config: dict, source: str) -> None:
         raise ConfigError(f"{source}: " + "; ".join(problems))
 
 
-def load(path: str | Path) -> dict:
+def read(path: str | Path) -> dict:
+    """A config file's raw mapping, not yet validated (several files merge first)."""
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(config, dict):
+    if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    return validate(config, str(path))
+    return raw
+
+
+def load(path: str | Path) -> dict:
+    return validate(read(path), str(path))
 
 
 def enabled_datasets(config: dict, merged_only: bool = False) -> list[str]:
