@@ -85,6 +85,16 @@ def workflow_config(tmp: Path, model_dir: Path, datasets: dict[str, Path], **ove
     return config
 
 
+def stand_in_config(tmp: Path) -> dict:
+    """A raw config over a stand-in target directory (a config.json only) and two small
+    prompt files: enough to plan a store, not to run it."""
+    target = tmp / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    datasets = {n: write_rows(tmp / f"{n}.jsonl", [f"{n} prompt"]) for n in ("chat", "code")}
+    return workflow_config(tmp, target, datasets)
+
+
 def snakemake_cmd(workdir: Path, config_path: Path, *args: str) -> list[str]:
     """The command line of a real workflow run in `workdir` with the config at `config_path`."""
     return [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import workflow_config, write_rows
+from conftest import stand_in_config
 
 from draftsmith import cli
 from draftsmith.store import gc
@@ -23,11 +23,7 @@ STRAY_KEYS = ("0123456789abcdef", "fedcba9876543210")
 @pytest.fixture
 def configs(tmp_path: Path) -> dict[str, dict]:
     """Two raw configs sharing a store; they differ from the merge on."""
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "config.json").write_text("{}")
-    datasets = {n: write_rows(tmp_path / f"{n}.jsonl", [f"{n} prompt"]) for n in ("chat", "code")}
-    first = workflow_config(tmp_path, target, datasets)
+    first = stand_in_config(tmp_path)
     second = copy.deepcopy(first) | {"merge": {"seed": 1}}
     return {"first": first, "second": second}
 

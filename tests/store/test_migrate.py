@@ -3,14 +3,13 @@ names ends up exactly where today's plan looks, manifests relabelled, keys uncha
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import time
 from pathlib import Path
 
 import pytest
-from conftest import workflow_config, write_rows
+from conftest import stand_in_config
 
 from draftsmith import cli
 from draftsmith.store import manifest, migrate
@@ -62,11 +61,7 @@ def write_old(plan: Plan, artifact: Artifact) -> Path:
 
 @pytest.fixture
 def plan(tmp_path: Path) -> Plan:
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "config.json").write_text("{}")
-    datasets = {n: write_rows(tmp_path / f"{n}.jsonl", [f"{n} prompt"]) for n in ("chat", "code")}
-    return configure(copy.deepcopy(workflow_config(tmp_path, target, datasets)))
+    return configure(stand_in_config(tmp_path))
 
 
 @pytest.fixture

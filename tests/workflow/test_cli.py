@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import workflow_config, write_rows
+from conftest import stand_in_config
 
 from draftsmith import cli
 from draftsmith.store import manifest
@@ -24,11 +24,7 @@ from draftsmith.workflow import configure
 @pytest.fixture
 def config(tmp_path: Path) -> dict:
     """A raw config over a stand-in target directory and two small prompt files."""
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "config.json").write_text("{}")
-    datasets = {n: write_rows(tmp_path / f"{n}.jsonl", [f"{n} prompt"]) for n in ("chat", "code")}
-    return workflow_config(tmp_path, target, datasets)
+    return stand_in_config(tmp_path)
 
 
 def write_config(path: Path, config: dict) -> Path:
