@@ -113,7 +113,7 @@ class Artifact:
     @property
     def outputs(self) -> dict[str, str]:
         """Every declared file by role, the manifest last (a rule's `output:`)."""
-        return {role: str(self.path(role)) for role in FILES[self.stage]} | {"manifest": str(self.manifest)}
+        return declared(self.directory, self.stage)
 
 
 def keyed(root: Path, stage: str, params: dict, upstream: dict[str, str], dataset: str = "") -> Artifact:
@@ -122,12 +122,14 @@ def keyed(root: Path, stage: str, params: dict, upstream: dict[str, str], datase
     return Artifact(stage, params, upstream, directory, key)
 
 
+def declared(directory: Path | str, stage: str) -> dict[str, str]:
+    """A stage's declared files in `directory` by role, the manifest last."""
+    return {role: f"{directory}/{name}" for role, name in {**FILES[stage], "manifest": MANIFEST}.items()}
+
+
 def output_patterns(root: Path | str, stage: str) -> dict[str, str]:
     """Declared files of a per-dataset stage with `{dataset}` and `{key}` wildcards."""
-    base = f"{root}/{stage}/{{dataset}}/{{key}}"
-    return {role: f"{base}/{name}" for role, name in FILES[stage].items()} | {
-        "manifest": f"{base}/{MANIFEST}"
-    }
+    return declared(f"{root}/{stage}/{{dataset}}/{{key}}", stage)
 
 
 def shard_name(index: int) -> str:
