@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftsmith.errors import DataError
-from draftsmith.formats.shards import ShardWriter, bytes_per_token
 from draftsmith.hidden import assign, estimate
-from draftsmith.hidden.hf import AuxCapture, ExtractionError, MergedSample, batches, extract
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import progress
 from draftsmith.runtime.resources import hidden_gpus
@@ -19,6 +18,9 @@ from draftsmith.store.plan import plan_for
 from draftsmith.store.staging import Staged
 from draftsmith.target import layers
 from draftsmith.target.load import load_model, model_info
+
+if TYPE_CHECKING:
+    from draftsmith.hidden.hf import MergedSample
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,10 @@ def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file
 
     Written under `.staged/` and linked into place (`store.staging`): after a kill only
     unfinished shards are computed again."""
+    # torch loads here, not in the assign and estimate jobs that share this module.
+    from draftsmith.formats.shards import ShardWriter, bytes_per_token
+    from draftsmith.hidden.hf import AuxCapture, extract
+
     extract_cfg = config["extract"]
     plan = plan_for(config)
     staged = Staged([outputs["bin"], outputs["index"]], shard, {"key": plan.hidden.key})
@@ -126,6 +132,8 @@ def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file
 
 
 def _shard_samples(merged: Path, wanted: list[str]) -> list[MergedSample]:
+    from draftsmith.hidden.hf import MergedSample
+
     chosen = set(wanted)
     found = {
         s["id"]: MergedSample(s["id"], s["input_ids"], s["loss_mask"])
@@ -140,6 +148,8 @@ def _shard_samples(merged: Path, wanted: list[str]) -> list[MergedSample]:
 
 def _check_counts(index: dict, entry: dict, shard: str) -> None:
     """The written shard holds exactly the assigned samples and tokens."""
+    from draftsmith.hidden.hf import ExtractionError
+
     ids = sorted(row[0] for row in index["samples"])
     if ids != sorted(entry["samples"]) or index["num_tokens"] != entry["num_tokens"]:
         raise ExtractionError(
@@ -153,6 +163,7 @@ def _extract_sglang(config, info, aux, samples, writer, on_written, log_file) ->
     import torch
 
     from draftsmith.hidden import sglang as capture
+    from draftsmith.hidden.hf import batches
     from draftsmith.target.dtypes import torch_dtype
 
     extract_cfg = config["extract"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from draftsmith.errors import ModelError
-from draftsmith.target.dtypes import torch_dtype
+
+if TYPE_CHECKING:  # torch loads only where a model does: reading model.json must stay cheap
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,8 @@ def load_tokenizer(hf_dir: str | Path, trust_remote_code: bool = False):
 
 def load_model(hf_dir: str | Path, dtype: str, device: str = "cpu", trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
+
+    from draftsmith.target.dtypes import torch_dtype
 
     model = AutoModelForCausalLM.from_pretrained(
         hf_dir, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code
