@@ -125,10 +125,9 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _describe(plan: Plan, artifact: Artifact) -> dict:
-    parent = artifact.directory.parent
     return {
         "stage": artifact.stage,
-        "dataset": None if parent == plan.root / artifact.stage else parent.name,
+        "dataset": artifact.dataset or None,
         "key": artifact.key,
         "directory": str(artifact.directory),
         "built": _built(plan, artifact),

@@ -102,6 +102,7 @@ class Artifact:
     upstream: dict[str, str]
     directory: Path
     key: str
+    dataset: str = ""  # per-dataset stages (responses, tokens) only
 
     def path(self, role: str) -> Path:
         return self.directory / FILES[self.stage][role]
@@ -119,7 +120,7 @@ class Artifact:
 def keyed(root: Path, stage: str, params: dict, upstream: dict[str, str], dataset: str = "") -> Artifact:
     key = stage_key(stage, params, upstream)
     directory = root / stage / dataset / key if dataset else root / stage / key
-    return Artifact(stage, params, upstream, directory, key)
+    return Artifact(stage, params, upstream, directory, key, dataset)
 
 
 def declared(directory: Path | str, stage: str) -> dict[str, str]:
