@@ -77,27 +77,29 @@ def test_the_guard_sees_a_cycle(monkeypatch, tmp_path):
     assert ["draftsmith.a", "draftsmith.b", "draftsmith.a"] in cycles()
 
 
-def test_stages_use_each_other_only_through_their_package():
-    """A stage may use what another stage's package exports, never its modules."""
-    bad = [
+def imports_where(importer: set[str], forbidden) -> list[str]:
+    """`name imports dep` for each module of the `importer` packages whose import `forbidden` refuses."""
+    return [
         f"{name} imports {dep}"
         for name in MODULES
-        if top(name) in STAGE_PACKAGES
+        if top(name) in importer
         for dep in imports(name)
-        if top(dep) in STAGE_PACKAGES and top(dep) != top(name) and dep != f"draftsmith.{top(dep)}"
+        if forbidden(name, dep)
     ]
-    assert bad == []
+
+
+def test_stages_use_each_other_only_through_their_package():
+    """A stage may use what another stage's package exports, never its modules."""
+
+    def internal(name: str, dep: str) -> bool:
+        other = top(dep)
+        return other in STAGE_PACKAGES and other != top(name) and dep != f"draftsmith.{other}"
+
+    assert imports_where(STAGE_PACKAGES, internal) == []
 
 
 def test_infrastructure_imports_no_stage():
-    bad = [
-        f"{name} imports {dep}"
-        for name in MODULES
-        if top(name) in INFRASTRUCTURE
-        for dep in imports(name)
-        if top(dep) in STAGE_PACKAGES
-    ]
-    assert bad == []
+    assert imports_where(INFRASTRUCTURE, lambda _name, dep: top(dep) in STAGE_PACKAGES) == []
 
 
 def test_console_scripts_import():
