@@ -53,5 +53,8 @@ rule all:
         rules.hidden.input,
         rules.train.output,
         rules.export.output,
-        rules.report.output,
+        rules.report_html.output,
         rules.serve_bench.output if config["serve_benchmark"]["enabled"] else [],
+        # Every artifact the config builds, so a deleted directory is rebuilt (its
+        # dependents stay: their inputs count by content, see rules/common.smk).
+        [str(artifact.manifest) for artifact in PLAN.built],

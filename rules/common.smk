@@ -20,6 +20,27 @@ def planned(stage, wildcards):
     return artifact
 
 
+def by_content(**inputs):
+    """Inputs compared by content, never by modification time: a keyed job's key holds
+    its inputs' content (and a report's input paths hold the keys), so neither a fresh
+    clone's datasets, nor a copied file, nor an artifact rebuilt to the same bytes makes
+    a job stale (`snakemake verify` checks the bytes)."""
+
+    def flagged(value):
+        if callable(value):
+            return lambda wildcards: ancient(value(wildcards))
+        return ancient(value)
+
+    return {name: flagged(value) for name, value in inputs.items()}
+
+
+def built(outputs):
+    """A keyed job's outputs by role. Snakemake must not delete them before the job runs:
+    another process on the store may have just finished them, and the job (holding
+    its store lock) then keeps them instead of building them twice."""
+    return {role: update(path) for role, path in outputs.items()}
+
+
 def existing(paths):
     """The paths that exist: a missing source is reported by the job that reads it, and
     the dry run still shows the plan."""

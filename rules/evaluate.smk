@@ -5,15 +5,17 @@
 
 rule evaluate:
     input:
-        model=MODEL_INFO,
-        export_config=str(PLAN.export.path("sglang_config")),
-        export_weights=str(PLAN.export.path("sglang_weights")),
-        export_record=str(PLAN.export.path("sglang_record")),
-        merged=MERGED,
-        responses=MERGED_RESPONSES,
-        prompt_sets=prompt_set_paths(),
+        **by_content(
+            model=MODEL_INFO,
+            export_config=str(PLAN.export.path("sglang_config")),
+            export_weights=str(PLAN.export.path("sglang_weights")),
+            export_record=str(PLAN.export.path("sglang_record")),
+            merged=MERGED,
+            responses=MERGED_RESPONSES,
+            prompt_sets=prompt_set_paths(),
+        ),
     output:
-        **PLAN.evaluate.outputs,
+        **built(PLAN.evaluate.outputs),
     log:
         f"{LOGS}/evaluate/{PLAN.evaluate.key}.log",
     benchmark:

@@ -4,12 +4,14 @@
 
 rule export:
     input:
-        model=MODEL_INFO,
-        weights=str(PLAN.train.path("weights")),
-        config=str(PLAN.train.path("config")),
-        shard=FIRST_SHARD,
+        **by_content(
+            model=MODEL_INFO,
+            weights=str(PLAN.train.path("weights")),
+            config=str(PLAN.train.path("config")),
+            shard=FIRST_SHARD,
+        ),
     output:
-        **PLAN.export.outputs,
+        **built(PLAN.export.outputs),
     log:
         f"{LOGS}/export/{PLAN.export.key}.log",
     benchmark:

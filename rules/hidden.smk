@@ -7,10 +7,12 @@
 
 rule hidden_assign:
     input:
-        model=MODEL_INFO,
-        merged=MERGED,
+        **by_content(
+            model=MODEL_INFO,
+            merged=MERGED,
+        ),
     output:
-        assignment=str(PLAN.hidden.path("assignment")),
+        **built(PLAN.hidden.outputs),
     log:
         f"{LOGS}/hidden_assign/{PLAN.hidden.key}.log",
     benchmark:
@@ -25,8 +27,10 @@ rule hidden_assign:
 
 rule hidden_estimate:
     input:
-        model=MODEL_INFO,
-        assignment=str(PLAN.hidden.path("assignment")),
+        **by_content(
+            model=MODEL_INFO,
+            assignment=str(PLAN.hidden.path("assignment")),
+        ),
     output:
         json=str(PLAN.result("estimate")),
         md=str(PLAN.result("estimate_md")),
@@ -42,12 +46,15 @@ rule hidden_estimate:
 
 rule hidden_shard:
     input:
-        model=MODEL_INFO,
-        merged=MERGED,
-        assignment=str(PLAN.hidden.path("assignment")),
+        **by_content(
+            model=MODEL_INFO,
+            merged=MERGED,
+            assignment=str(PLAN.hidden.path("assignment")),
+        ),
     output:
-        bin=str(PLAN.shard("{shard}", "bin")),
-        index=str(PLAN.shard("{shard}")),
+        **built(
+            {"bin": str(PLAN.shard("{shard}", "bin")), "index": str(PLAN.shard("{shard}"))}
+        ),
     log:
         f"{LOGS}/hidden_shard/{PLAN.hidden.key}/{{shard}}.log",
     benchmark:

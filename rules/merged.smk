@@ -4,10 +4,12 @@
 
 rule merged:
     input:
-        tokens=[str(PLAN.tokens[n].path("tokens")) for n in PLAN.merged_datasets],
-        responses=MERGED_RESPONSES,
+        **by_content(
+            tokens=[str(PLAN.tokens[n].path("tokens")) for n in PLAN.merged_datasets],
+            responses=MERGED_RESPONSES,
+        ),
     output:
-        **PLAN.merged.outputs,
+        **built(PLAN.merged.outputs),
     log:
         f"{LOGS}/merged/{PLAN.merged.key}.log",
     benchmark:

@@ -4,12 +4,11 @@
 
 rule model:
     input:
-        model_source_input,
+        **by_content(source=model_source_input),
     output:
-        info=MODEL_INFO,
-        manifest=str(PLAN.model.manifest),
+        **built({"info": MODEL_INFO, "manifest": str(PLAN.model.manifest)}),
         hf=(
-            directory(str(PLAN.model.path("hf")))
+            update(directory(str(PLAN.model.path("hf"))))
             if config["model"]["source"]["kind"] != "hf_dir"
             else []
         ),

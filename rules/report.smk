@@ -1,29 +1,37 @@
 # Reports: figures, the benchmark summary (results/<experiment>/benchmark.md) and HTML
 # pages of the data report, the hidden-state estimate and the benchmark, all marked for `snakemake --report`.
 # Snakemake's HTML report shows HTML and images inline (Markdown only as a download),
-# hence the HTML pages. After a run whose DAG holds rule `report`, the `onsuccess`
-# handler writes results/<experiment>/report.html (src/draftsmith/report/workflow.py).
+# hence the HTML pages. After rule `report`,
+# rule `report_html` writes results/<experiment>/report.html (src/draftsmith/report/workflow.py).
 
-from draftsmith.report.workflow import ReportedFiles, write_html_report
+from draftsmith.report.workflow import (
+    ReportedFiles,
+    remember_command_line,
+    write_html_report,
+)
+
+remember_command_line()
 
 reported = ReportedFiles(PLAN.results_dir, config["experiment"])
 
 
 rule report:
     input:
-        data_report=str(PLAN.merged.path("report")),
-        data_report_md=str(PLAN.merged.path("report_md")),
-        estimate=str(PLAN.result("estimate")),
-        estimate_md=str(PLAN.result("estimate_md")),
-        train_summary=str(PLAN.train.path("summary")),
-        metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
-        benchmark=(
-            [str(PLAN.evaluate.path("json"))] if config["evaluate"]["enabled"] else []
-        ),
-        serve_benchmark=(
-            [str(PLAN.serve_bench.path("md"))]
-            if config["serve_benchmark"]["enabled"]
-            else []
+        **by_content(
+            data_report=str(PLAN.merged.path("report")),
+            data_report_md=str(PLAN.merged.path("report_md")),
+            estimate=str(PLAN.result("estimate")),
+            estimate_md=str(PLAN.result("estimate_md")),
+            train_summary=str(PLAN.train.path("summary")),
+            metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
+            benchmark=(
+                [str(PLAN.evaluate.path("json"))] if config["evaluate"]["enabled"] else []
+            ),
+            serve_benchmark=(
+                [str(PLAN.serve_bench.path("md"))]
+                if config["serve_benchmark"]["enabled"]
+                else []
+            ),
         ),
     output:
         summary=str(PLAN.result("summary")),
@@ -63,5 +71,19 @@ rule report:
         "../scripts/report.py"
 
 
-onsuccess:
-    write_html_report(workflow, PLAN.result("html_report"))
+# A rule of its own (not an end-of-run hook) so a missing report.html, after a kill
+# included, is rebuilt like any other output. It runs in the snakemake process: the
+# report run repeats this run's command line.
+localrules:
+    report_html,
+
+
+rule report_html:
+    input:
+        rules.report.output,
+    output:
+        str(PLAN.result("html_report")),
+    log:
+        f"{LOGS}/report/{config['experiment']}-html.log",
+    run:
+        write_html_report(output[0], log[0], workflow.workdir_init)

@@ -5,10 +5,12 @@
 
 rule responses:
     input:
-        model=MODEL_INFO,
-        source=dataset_source,
+        **by_content(
+            model=MODEL_INFO,
+            source=dataset_source,
+        ),
     output:
-        **output_patterns(PLAN.root, "responses"),
+        **built(output_patterns(PLAN.root, "responses")),
     log:
         f"{LOGS}/responses/{{dataset}}/{{key}}.log",
     benchmark:

@@ -5,14 +5,16 @@
 
 rule serve_bench:
     input:
-        model=MODEL_INFO,
-        draft_config=str(PLAN.export.path("sglang_config")),
-        draft_weights=str(PLAN.export.path("sglang_weights")),
-        prompts=prompt_set_paths(config["serve_benchmark"]["prompt_set"]),
-        merged=MERGED,
-        responses=MERGED_RESPONSES,
+        **by_content(
+            model=MODEL_INFO,
+            draft_config=str(PLAN.export.path("sglang_config")),
+            draft_weights=str(PLAN.export.path("sglang_weights")),
+            prompts=prompt_set_paths(config["serve_benchmark"]["prompt_set"]),
+            merged=MERGED,
+            responses=MERGED_RESPONSES,
+        ),
     output:
-        **PLAN.serve_bench.outputs,
+        **built(PLAN.serve_bench.outputs),
     log:
         f"{LOGS}/serve_bench/{PLAN.serve_bench.key}.log",
     benchmark:

@@ -4,10 +4,12 @@
 
 rule tokens:
     input:
-        model=MODEL_INFO,
-        responses=planned_responses,
+        **by_content(
+            model=MODEL_INFO,
+            responses=planned_responses,
+        ),
     output:
-        **output_patterns(PLAN.root, "tokens"),
+        **built(output_patterns(PLAN.root, "tokens")),
     log:
         f"{LOGS}/tokens/{{dataset}}/{{key}}.log",
     benchmark:

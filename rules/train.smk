@@ -6,14 +6,20 @@
 
 rule train_segment:
     input:
-        model=MODEL_INFO,
-        vocab=str(PLAN.vocab.path("vocab")),
-        shards=[str(PLAN.shard(name)) for name in PLAN.shard_names],
-        bins=[str(PLAN.shard(name, "bin")) for name in PLAN.shard_names],
-        previous=previous_checkpoint,
+        **by_content(
+            model=MODEL_INFO,
+            vocab=str(PLAN.vocab.path("vocab")),
+            shards=[str(PLAN.shard(name)) for name in PLAN.shard_names],
+            bins=[str(PLAN.shard(name, "bin")) for name in PLAN.shard_names],
+            previous=previous_checkpoint,
+        ),
     output:
-        checkpoint=str(PLAN.checkpoint("{segment}")),
-        metrics=str(PLAN.metrics("{segment}")),
+        **built(
+            {
+                "checkpoint": str(PLAN.checkpoint("{segment}")),
+                "metrics": str(PLAN.metrics("{segment}")),
+            }
+        ),
     log:
         f"{LOGS}/train/{PLAN.train.key}/segment-{{segment}}.log",
     benchmark:
@@ -33,12 +39,14 @@ rule train_segment:
 
 rule train:
     input:
-        checkpoint=str(PLAN.checkpoint(PLAN.num_segments - 1)),
-        metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
-        vocab_info=str(PLAN.vocab.path("info")),
-        shard=FIRST_SHARD,
+        **by_content(
+            checkpoint=str(PLAN.checkpoint(PLAN.num_segments - 1)),
+            metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
+            vocab_info=str(PLAN.vocab.path("info")),
+            shard=FIRST_SHARD,
+        ),
     output:
-        **PLAN.train.outputs,
+        **built(PLAN.train.outputs),
     log:
         f"{LOGS}/train/{PLAN.train.key}/final.log",
     benchmark:

@@ -4,10 +4,12 @@
 
 rule vocab:
     input:
-        model=MODEL_INFO,
-        merged=MERGED,
+        **by_content(
+            model=MODEL_INFO,
+            merged=MERGED,
+        ),
     output:
-        **PLAN.vocab.outputs,
+        **built(PLAN.vocab.outputs),
     log:
         f"{LOGS}/vocab/{PLAN.vocab.key}.log",
     benchmark:

@@ -79,6 +79,7 @@ def workflow_config(tmp: Path, model_dir: Path, datasets: dict[str, Path], **ove
         "datasets": {name: {"path": str(p), "format": "prompt"} for name, p in datasets.items()},
         "tokenize": {"max_length": 256},
         "merge": {"seed": 0},
+        "evaluate": {"enabled": False},
     }
     for key, value in overrides.items():
         config[key] = value

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
+from draftsmith.formats.markdown import human_size
 from draftsmith.store import gc, migrate, verify
 from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan
 from draftsmith.workflow import configure
@@ -144,7 +145,11 @@ def _built(plan: Plan, artifact: Artifact) -> bool:
 
 # --- store maintenance -------------------------------------------------------------------
 def _verify(args: argparse.Namespace) -> int:
-    return verify.main([str(_root(args)), *(["--fix"] if args.fix else [])])
+    config, source = _merged(_paths(args))
+    if args.root is not None:
+        config["artifacts_dir"] = str(args.root)
+    plan = configure(config, source)
+    return verify.run(plan.root, plan, args.fix, [str(p) for p in args.configfile or []])
 
 
 def _gc(args: argparse.Namespace) -> int:
@@ -153,11 +158,11 @@ def _gc(args: argparse.Namespace) -> int:
     for directory in garbage:
         size = gc.size(directory)
         total += size
-        print(f"{gc.human_size(size):>9}  {directory}")
+        print(f"{human_size(size):>9}  {directory}")
         if args.delete:
             gc.remove(directory)
     verb = "deleted" if args.delete else "unreferenced (delete with --delete)"
-    print(f"gc: {len(garbage)} directories {verb}, {gc.human_size(total)} ({total:,} bytes)")
+    print(f"gc: {len(garbage)} directories {verb}, {human_size(total)} ({total:,} bytes)")
     return 0
 
 

@@ -103,6 +103,11 @@ def _check_references(config: dict, source: str) -> None:
     if not enabled_datasets(config, merged_only=True):
         raise ConfigError(f"{source}: no dataset is both enabled and not excluded from the merge")
     _check_train(config, source)
+    if config["evaluate"]["enabled"] and not config["evaluate"]["prompt_sets"]:
+        raise ConfigError(
+            f"{source}: evaluate.prompt_sets: empty while evaluate.enabled is true; name at least one "
+            "held-out prompt set, or set evaluate.enabled: false"
+        )
 
 
 def _check_train(config: dict, source: str) -> None:

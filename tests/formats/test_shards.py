@@ -19,6 +19,7 @@ from draftsmith.formats.shards import (
     ShardWriter,
     bytes_per_token,
 )
+from draftsmith.store import atomic
 
 H = 32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -228,7 +229,7 @@ def test_unfinished_shard_has_no_final_name(tmp_path):
     writer = ShardWriter(tmp_path, "u", mode="raw", hidden_size=H, dtype="bfloat16", meta={})
     writer.add(**samples[0])
     names = [p.name for p in tmp_path.iterdir()]
-    assert len(names) == 1 and names[0].startswith(".tmp-u.bin.")
+    assert len(names) == 1 and names[0].startswith(atomic.temp_prefix("u.bin"))
     with pytest.raises(ShardError, match="no shard index"):
         ShardReader(tmp_path, "u")
     manifest = writer.close()

@@ -52,6 +52,7 @@ def launch(**settings) -> dict:
         "model": {"source": {"kind": "hf_dir", "path": "unused"}},
         "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
         "extract": {"backend": "sglang", "sglang": settings},
+        "evaluate": {"enabled": False},
     }
     return config.validate(raw)["extract"]["sglang"]
 

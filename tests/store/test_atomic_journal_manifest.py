@@ -49,7 +49,7 @@ def test_atomic_open_writes_under_a_temp_name_until_done(tmp_path):
         handle.flush()
         assert not target.exists()
         temps = leftovers(tmp_path)
-        assert len(temps) == 1 and temps[0].startswith(atomic.TMP_PREFIX + "out.txt.")
+        assert len(temps) == 1 and temps[0].startswith(atomic.temp_prefix("out.txt"))
     assert target.read_text() == "body"
     assert leftovers(tmp_path) == []
     assert target.stat().st_mode & 0o777 == 0o644
@@ -238,13 +238,13 @@ def test_verify_finds_and_quarantines_the_corrupt_artifact(tmp_path, artifact):
     )
     flip_one_byte(artifact / "tokens.jsonl")
 
-    results = verify.verify(root)
-    assert results == {
-        artifact / MANIFEST: [f"{artifact / 'tokens.jsonl'}: sha256 mismatch"],
-        healthy / MANIFEST: [],
-    }
+    checked, findings = verify.scan(root)
+    assert checked == 2
+    assert [(f.where, f.problems) for f in findings] == [
+        (artifact / MANIFEST, [f"{artifact / 'tokens.jsonl'}: sha256 mismatch"])
+    ]
 
-    moved = verify.quarantine(artifact / MANIFEST)
+    moved = verify.quarantine(findings[0])
     assert sorted(moved) == sorted(
         [artifact / "tokens.jsonl", artifact / "shards" / "part-0.txt", artifact / MANIFEST]
     )
@@ -254,25 +254,28 @@ def test_verify_finds_and_quarantines_the_corrupt_artifact(tmp_path, artifact):
         "tokens.jsonl.corrupt",
     ]
     # Quarantined outputs are simply missing now; the healthy artifact is untouched.
-    assert verify.verify(root) == {healthy / MANIFEST: []}
+    assert verify.scan(root) == (1, [])
     assert (healthy / "responses.jsonl").read_text() == "{}\n"
 
 
 def test_verify_main_reports_and_fixes(tmp_path, artifact, capsys):
     root = tmp_path / "artifacts"
-    assert verify.main([str(root)]) == 0
-    assert "verify: 1 artifacts checked, 0 corrupt" in capsys.readouterr().out
+    assert verify.run(root, None, fix=False, configfiles=[]) == 0
+    assert "verify: 1 checked, 0 corrupt, 0 missing" in capsys.readouterr().out
 
     (artifact / "tokens.jsonl").write_bytes(b"")
-    assert verify.main([str(root)]) == 1
+    assert verify.run(root, None, fix=False, configfiles=[]) == 1
     out = capsys.readouterr().out
-    assert f"CORRUPT {artifact}\n" in out
+    assert f"CORRUPT {artifact / MANIFEST}\n" in out
     assert f"{artifact / 'tokens.jsonl'}: size 0 !=" in out
-    assert "1 artifacts checked, 1 corrupt" in out
+    assert "1 checked, 1 corrupt" in out and "draftsmith verify --fix" in out
     assert (artifact / "tokens.jsonl").exists()  # without --fix nothing moves
 
-    assert verify.main([str(root), "--fix"]) == 1
-    assert "quarantined" in capsys.readouterr().out
+    assert verify.run(root, None, fix=True, configfiles=["my config.yaml"]) == 1
+    out = capsys.readouterr().out
+    assert "quarantined" in out
+    # Paths are quoted: a configfile with a space still gives one argument.
+    assert f"snakemake --configfile 'my config.yaml' {artifact / MANIFEST}" in out
     assert (artifact / "tokens.jsonl.corrupt").exists()
     assert not (artifact / MANIFEST).exists()
-    assert verify.main([str(root)]) == 0
+    assert verify.run(root, None, fix=False, configfiles=[]) == 0

@@ -110,13 +110,3 @@ def test_size_counts_a_hard_linked_file_once_and_follows_no_link(tmp_path):
     os.link(directory / "data.bin", directory / "again.bin")
     (directory / "elsewhere").symlink_to(fill(tmp_path / "other", 5000), target_is_directory=True)
     assert gc.size(directory) == 300
-
-
-def test_human_size():
-    assert [gc.human_size(n) for n in (0, 999, 1000, 1_234_567, 5 * 10**15)] == [
-        "0 B",
-        "999 B",
-        "1.0 kB",
-        "1.2 MB",
-        "5.0 PB",
-    ]

@@ -45,6 +45,7 @@ def base(tmp_path: Path, sources: dict[str, Path]) -> dict:
         "datasets": {
             name: {"path": str(sources[name]), "format": "prompt"} for name in ("chat", "code", "math")
         },
+        "evaluate": {"enabled": False},
     }
 
 
@@ -491,7 +492,7 @@ def late_keys(plan: Plan) -> dict[str, str]:
 )
 def test_evaluation_settings_move_only_the_eval_key(base, plan_of, section, field, value):
     before = late_keys(plan_of(base))
-    base[section] = {field: value}
+    base[section] = {**base.get(section, {}), field: value}
     after = late_keys(plan_of(base))
     assert after["eval"] != before["eval"]
     assert after["draft"] == before["draft"] and after["export"] == before["export"]

@@ -82,6 +82,7 @@ def train_settings(**overrides) -> dict:
             "model": {"source": {"kind": "hf_dir", "path": "unused"}},
             "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
             "tokenize": {"max_length": 64},
+            "evaluate": {"enabled": False},
             "train": {
                 "draft_vocab_size": 512,
                 "ttt_steps": 3,
@@ -268,6 +269,7 @@ def vocab_config(tmp_path: Path, demo_model_dir: Path, **train_overrides) -> dic
             "model": {"source": {"kind": "hf_dir", "path": str(demo_model_dir)}},
             "datasets": {"a": {"path": str(data), "format": "prompt"}},
             "train": {"val_fraction": 0.3, **train_overrides},
+            "evaluate": {"enabled": False},
         }
     )
 
@@ -276,7 +278,7 @@ def run_vocab_stage(tmp_path: Path, config: dict, samples: list[dict]) -> tuple[
     merged = tmp_path / "train.jsonl"
     merged.write_text("".join(json.dumps(s) + "\n" for s in samples))
     (tmp_path / "model").mkdir(exist_ok=True)
-    (tmp_path / "model" / "model.json").write_text(json.dumps({"vocab_size": 49152}))
+    (tmp_path / "model" / "model.json").write_text(json.dumps({"vocab_size": 49152, "hf_dir": "."}))
     out = tmp_path / "vocab"
     outputs = {
         "vocab": out / "vocab.safetensors",

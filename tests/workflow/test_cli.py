@@ -108,8 +108,12 @@ def test_verify_defaults_to_the_configs_store(tmp_path, config, capsys):
     model.directory.mkdir(parents=True)
     model.path("info").write_text("{}")
     manifest.write(model, model.manifest, [model.path("info")], {}, time.time())
-    assert cli.main(["verify", "--configfile", str(path)]) == 0
-    assert "1 artifacts checked, 0 corrupt" in capsys.readouterr().out
+    # Everything but the model is still to be built: verify names each missing artifact.
+    assert cli.main(["verify", "--configfile", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "verify: 1 checked, 0 corrupt" in out and f"MISSING {model.manifest}" not in out
+    plan = configure(copy.deepcopy(config))
+    assert all(f"MISSING {a.manifest}" in out for a in plan.built if a.stage != "model")
     model.path("info").write_text("{ }")
     assert cli.main(["verify", "--configfile", str(path), "--fix"]) == 1
     assert not model.manifest.exists()

@@ -61,6 +61,7 @@ def test_minimal_config_gets_every_section():
             "experiment": "x",
             "model": {"source": {"kind": "gguf", "path": "m.gguf"}},
             "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
+            "evaluate": {"enabled": False},
         }
     )
     assert config["artifacts_dir"] == "artifacts"

@@ -22,6 +22,17 @@ code { background: #f3f3f3; padding: 0 0.2em; }
 """
 
 
+_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+
+
+def human_size(count: int) -> str:
+    """Bytes in the largest decimal unit that keeps the value at or above 1 (12.3 MB)."""
+    value, unit = float(count), 0
+    while value >= 1000 and unit < len(_UNITS) - 1:
+        value, unit = value / 1000, unit + 1
+    return f"{count} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A pipe table; cells are already formatted (see `fmt`)."""
     lines = [_row(headers), "|" + "|".join("---" for _ in headers) + "|"]

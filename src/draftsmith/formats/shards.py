@@ -8,7 +8,7 @@ A shard `name` in a directory is
 - `<name>.json`: the index and manifest, written last and atomically. A shard
   without its `.json` is incomplete, whatever else exists.
 
-The writer streams the `.bin` into `.tmp-<name>.bin.<random>` in the same
+The writer streams the `.bin` into `.tmp-<name>.bin@<owner>.<random>` in the same
 directory (see `atomic.TMP_PREFIX`), hashing it as it goes; `close()` fsyncs it,
 removes any stale `<name>.json`, renames the data into place and then writes the
 `.json`. A crash at any point therefore leaves no partial file under a final
@@ -468,7 +468,7 @@ class ShardWriter:
     def _open_temp(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(
-            prefix=f"{atomic.TMP_PREFIX}{self.name}{SHARD_SUFFIXES['bin']}.", dir=self.directory
+            prefix=atomic.temp_prefix(f"{self.name}{SHARD_SUFFIXES['bin']}"), dir=self.directory
         )
         self._tmp_path = Path(tmp)
         # Unbuffered: the sink hands over large buffers, coalescing the small ones itself.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from pathlib import Path
 
+from draftsmith.errors import ConfigError
 from draftsmith.store import atomic
 
 
@@ -27,6 +28,11 @@ def assign(samples: list[tuple[str, int]], num_shards: int) -> list[list[str]]:
 
 def build(merged_path: Path, num_shards: int, shard_names: list[str]) -> dict:
     lengths = {s["id"]: len(s["input_ids"]) for s in atomic.read_jsonl(merged_path)}
+    if len(lengths) < num_shards:
+        raise ConfigError(
+            f"extract.num_shards: {num_shards} shards for {len(lengths)} samples in {merged_path} "
+            "would leave shards empty; set num_shards to at most the sample count"
+        )
     groups = assign(list(lengths.items()), num_shards)
     return {
         "num_shards": num_shards,

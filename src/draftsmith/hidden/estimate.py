@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.formats.markdown import human_size
 
 MODES = ("raw", "zstd", "fp8")
 
@@ -45,7 +46,8 @@ def estimate(assignment: dict, hidden_size: int, dtype: str, extract_cfg: dict, 
 def check_disk(needed: int, free: int, allow: bool, what: str) -> None:
     if needed > free and not allow:
         raise DiskSpaceError(
-            f"{what} needs ~{needed / 1e9:.2f} GB but only {free / 1e9:.2f} GB are free; free space, "
+            f"{what} needs ~{human_size(needed)} ({needed:,} bytes) but only {human_size(free)} "
+            f"({free:,} bytes) are free; free space, "
             "pick a smaller storage mode (zstd, fp8), or set extract.allow_disk_overcommit: true"
         )
 
@@ -64,7 +66,7 @@ def markdown(rep: dict, experiment: str) -> str:
         ("hidden size, dtype", f"{rep['hidden_size']}, {rep['dtype']}"),
         *((f"bytes on disk, {mode}", size) for mode, size in gb.items()),
         ("storage mode chosen", rep["storage_mode"]),
-        ("free disk", f"{rep['free_bytes'] / 1e9:.2f} GB"),
+        ("free disk", human_size(rep["free_bytes"])),
         ("estimated hours", hours),
     ]
     body = "\n".join(f"| {k} | {v} |" for k, v in rows)

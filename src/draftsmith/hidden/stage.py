@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,7 @@ from draftsmith.hidden import assign, estimate
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import progress
 from draftsmith.runtime.resources import hidden_gpus
-from draftsmith.store import atomic
+from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.store.staging import Staged
 from draftsmith.target import layers
@@ -28,10 +29,10 @@ log = logging.getLogger(__name__)
 def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
     """Spread the merged samples over the configured shard count; refuse a plan the disk
     cannot hold before any shard job starts."""
+    started = time.time()
     plan = plan_for(config)
     assignment = assign.build(Path(inputs["merged"]), config["extract"]["num_shards"], plan.shard_names)
     assignment.update(hidden_key=plan.hidden.key, merged_key=plan.merged.key, model_key=plan.model.key)
-    atomic.write_json(outputs["assignment"], assignment)
     figures = _estimate(config, assignment, model_info(inputs["model"]), plan.hidden.directory)
     estimate.check_disk(
         figures["bytes_needed"],
@@ -39,6 +40,9 @@ def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | Non
         config["extract"]["allow_disk_overcommit"],
         f"extraction of {figures['tokens']:,} tokens ({figures['storage_mode']})",
     )
+    atomic.write_json(outputs["assignment"], assignment)
+    stats = {k: assignment[k] for k in ("num_shards", "num_samples", "num_tokens")}
+    manifest.write(plan.hidden, outputs["manifest"], [Path(outputs["assignment"])], stats, started)
     return assignment
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -27,10 +28,17 @@ def model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
             raise ModelError(f"model.source.path: no config.json in {hf_dir}")
     else:
         hf_dir = Path(outputs["hf"])
-        with tempfile.TemporaryDirectory(dir=hf_dir.parent.parent) as tmp:
-            convert_gguf(fetch_gguf(source, Path(tmp)), hf_dir, model_cfg["dtype"])
+        # The download lands beside the store's model directories under an owned temp
+        # name: a kill -9 leaves it for the next job (or `draftsmith gc`) to remove.
+        download = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix("gguf"), dir=hf_dir.parent.parent))
+        try:
+            convert_gguf(fetch_gguf(source, download), hf_dir, model_cfg["dtype"])
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
         files.append(hf_dir)
     info = describe(hf_dir, model_cfg)
+    if source["kind"] != "hf_dir":
+        info["hf_dir"] = hf_dir.name  # inside the store: relative to model.json (see model_info)
     atomic.write_json(outputs["info"], info)
     files.append(Path(outputs["info"]))
     stats = {"num_hidden_layers": info["num_hidden_layers"], "vocab_size": info["vocab_size"]}

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from draftsmith.store import lock
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -155,14 +157,21 @@ def from_snakemake(smk, stage: Callable[..., object]) -> None:
 
     The function gets the validated config, the rule's named inputs and outputs, its
     log file and its params; a stage that needs the job's thread count declares it as
-    a param (`threads=lambda wildcards, threads: threads`).
+    a param (`threads=lambda wildcards, threads: threads`). A job that builds into the
+    store holds its store lock (`store.lock`) and skips the work when another process
+    finished it meanwhile.
     """
     # Native thread pools (OpenMP in torch, BLAS) size themselves from this when they
     # start: jobs sharing a small box must not each start one thread per core (a
     # 2-core machine slowed ~25x when they did). Our own code never reads it.
     os.environ["OMP_NUM_THREADS"] = str(smk.threads)
     log_file = smk.log[0] if smk.log else None
-    with job(log_file, f"{smk.rule} {dict(smk.wildcards)}"):
+    with (
+        job(log_file, f"{smk.rule} {dict(smk.wildcards)}"),
+        lock.building(Path(smk.config["artifacts_dir"]), list(smk.output)) as needed,
+    ):
+        if not needed:
+            return
         stage(
             smk.config,
             inputs=dict(smk.input.items()),

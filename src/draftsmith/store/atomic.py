@@ -1,8 +1,11 @@
 """Atomic artifact writes: temp file in the same directory, fsync, rename.
 
 A crash at any point leaves either the previous file or no file under the final
-name, never a partial one; `atomic_dir` does the same for a whole directory. Temp
-names start with '.tmp-' so `verify` and globbing code can tell them apart.
+name, never a partial one; `atomic_dir` does the same for a whole directory.
+
+Temp names say whose they are: `.tmp-<name>@<host>-<pid>.<random>`. Code that globs
+a store tells them apart by the '.tmp-' prefix, and `remove_stale_temps` deletes the
+leftovers of a dead process (a kill -9 runs no cleanup) but never a live one's.
 """
 
 from __future__ import annotations
@@ -10,14 +13,73 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 TMP_PREFIX = ".tmp-"
+_OWNED = re.compile(r"@(?P<host>[^@/]+)-(?P<pid>[0-9]+)\.[^.@/]*$")
+# A temp that names no owner (written before owners were recorded) counts as a
+# leftover once it is this old.
+UNOWNED_STALE_S = 24 * 3600
+
+
+def temp_prefix(name: str) -> str:
+    """The start of a temp name for `name` owned by this process (a random suffix follows)."""
+    return f"{TMP_PREFIX}{name}@{socket.gethostname()}-{os.getpid()}."
+
+
+def temp_name(name: str) -> str:
+    return temp_prefix(name) + uuid.uuid4().hex[:8]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, someone else's
+    return True
+
+
+def is_stale_temp(path: Path, now: float | None = None) -> bool:
+    """A temp left by a process of this host that is gone; another host's temps are
+    never judged (its pids mean nothing here), an ownerless one only by age."""
+    if not path.name.startswith(TMP_PREFIX):
+        return False
+    owner = _OWNED.search(path.name)
+    if owner is None:
+        try:
+            age = (now or time.time()) - path.lstat().st_mtime
+        except FileNotFoundError:
+            return False
+        return age > UNOWNED_STALE_S
+    return owner["host"] == socket.gethostname() and not _pid_alive(int(owner["pid"]))
+
+
+def remove_stale_temps(directory: Path, recursive: bool = False) -> list[Path]:
+    """Delete the stale temps in `directory` (and below it when `recursive`); returns them."""
+    if not directory.is_dir():
+        return []
+    found = directory.rglob(f"{TMP_PREFIX}*") if recursive else directory.glob(f"{TMP_PREFIX}*")
+    removed = []
+    for path in sorted(found):
+        if not is_stale_temp(path):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        removed.append(path)
+    return removed
 
 
 def fsync_dir(path: Path) -> None:
@@ -34,7 +96,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     """Open a temp file beside `path`; on clean exit fsync it and rename it into place."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + final.name + ".", dir=final.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(final.name), dir=final.parent)
     os.close(fd)
     try:
         with open(tmp, mode, **kwargs) as handle:
@@ -88,7 +150,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     directory is removed and `path` is left as it was."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(final.name), dir=final.parent))
     try:
         yield tmp
         for member in sorted(tmp.rglob("*")):
@@ -111,7 +173,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
     # A directory cannot be renamed over a non-empty one: move the old one aside first.
     old = None
     if final.exists():
-        old = final.parent / f"{TMP_PREFIX}{final.name}.old-{uuid.uuid4().hex[:8]}"
+        old = final.parent / temp_name(f"{final.name}.old")
         os.rename(final, old)
     os.rename(tmp, final)
     fsync_dir(final.parent)

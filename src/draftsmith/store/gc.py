@@ -13,16 +13,13 @@ from __future__ import annotations
 import os
 import shutil
 import string
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from draftsmith.store.atomic import TMP_PREFIX, fsync_dir
+from draftsmith.store.atomic import TMP_PREFIX, fsync_dir, temp_name
 from draftsmith.store.hashing import KEY_LENGTH
 from draftsmith.store.keys import STAGES
 from draftsmith.store.plan import Plan
-
-_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
 
 def is_key(name: str) -> bool:
@@ -78,16 +75,9 @@ def size(directory: Path) -> int:
     return total
 
 
-def human_size(count: int) -> str:
-    value, unit = float(count), 0
-    while value >= 1000 and unit < len(_UNITS) - 1:
-        value, unit = value / 1000, unit + 1
-    return f"{count} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
-
-
 def remove(directory: Path) -> None:
     """Delete an artifact directory: out of its key's name first, then its files."""
-    doomed = directory.with_name(f"{TMP_PREFIX}{directory.name}.gc-{uuid.uuid4().hex[:8]}")
+    doomed = directory.with_name(temp_name(f"{directory.name}.gc"))
     os.rename(directory, doomed)
     fsync_dir(directory.parent)
     shutil.rmtree(doomed)

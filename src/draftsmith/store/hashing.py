@@ -9,6 +9,7 @@ everything downstream of it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -80,5 +81,10 @@ class HashCache:
             return
         from draftsmith.store.atomic import write_json
 
-        write_json(self.cache_file, self._entries)
+        try:
+            write_json(self.cache_file, self._entries)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            # A read-only store is still planned and read: the digests are recomputed.
         self._dirty = False

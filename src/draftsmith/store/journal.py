@@ -46,11 +46,16 @@ class Journal:
     def __contains__(self, record_id: str) -> bool:
         return record_id in self.records
 
-    def append(self, record: dict) -> None:
+    def append(self, record: dict) -> bool:
+        """Write a record whose id is not yet journaled; False (nothing written) when it is.
+        One process writes a journal at a time (it holds its job's store lock)."""
+        if record[self.id_field] in self.records:
+            return False
         self._handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self.records[record[self.id_field]] = record
+        return True
 
     def close(self) -> None:
         self._handle.close()

@@ -26,6 +26,7 @@ HASH_CACHE = ".hash-cache.json"
 # hard-linked into place: see `store.staging`.
 STAGED = ".staged"
 JOURNAL = "journal.jsonl"  # generation's resumable state, beside the declared outputs
+LOCKS = ".locks"  # one lock file per job that builds into the store (`store.lock`)
 
 # One serving format's directory in an export (`sglang/`, `vllm/`): what a server loads,
 # and the validation record written beside it.
@@ -233,6 +234,16 @@ class Plan:
             self.evaluate,
             self.serve_bench,
         ]
+
+    @property
+    def built(self) -> list[Artifact]:
+        """The artifacts a full run of this config builds (evaluation and the serving
+        benchmark only when enabled)."""
+        enabled = {
+            "evaluate": self.config["evaluate"]["enabled"],
+            "serve_bench": self.config["serve_benchmark"]["enabled"],
+        }
+        return [a for a in self.artifacts if enabled.get(a.stage, True)]
 
     @property
     def generated_datasets(self) -> list[str]:

@@ -1,21 +1,55 @@
-"""Re-hash artifacts against their manifests; optionally quarantine the corrupt ones.
+"""Re-hash the store against what it recorded; name what is corrupt or missing.
 
-Quarantining renames every file of a corrupt artifact (and its manifest) to
-`<name>.corrupt`, so Snakemake sees the outputs missing and a rerun rebuilds
-exactly that artifact.
+What is checked:
+- every stage manifest (`manifest.json`): each file it lists, by size and sha256;
+- every hidden-state shard: its `.bin` against its index (`<shard>.json`);
+- every staged job record (`.staged/*.record.json`: training segments and shards):
+  the declared checkpoint and metrics files it put in place;
+- with a plan: every artifact the config builds and every shard, which must exist
+  (a deleted directory is reported, and `snakemake` rebuilds it).
+
+`--fix` quarantines what is corrupt (each file renamed to `<name>.corrupt`, a staged
+record dropped so nothing re-links the bad bytes) and prints the targets that rebuild
+exactly those artifacts. Inputs of keyed jobs are compared by content, not by
+modification time (`rules/common.smk`), so rebuilding an artifact to the same bytes
+leaves everything downstream as it is: the next plain run has nothing to do.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.formats import shards
 from draftsmith.store import manifest
-from draftsmith.store.plan import MANIFEST, STAGED
+from draftsmith.store.hashing import sha256_file
+from draftsmith.store.plan import MANIFEST, STAGED, Plan
 
 SHARD_INDEX_GLOB = "shard-*.json"
+RECORD_SUFFIX = ".record.json"
+QUARANTINE_SUFFIX = ".corrupt"
+
+
+class StoreDamaged(DraftsmithError):
+    pass
+
+
+@dataclass
+class Finding:
+    """One damaged or missing artifact (or shard, or training segment)."""
+
+    where: Path  # the file whose job rebuilds it: a manifest, shard index or checkpoint
+    problems: list[str]
+    members: list[Path]  # what quarantine moves aside
+    missing: bool = False
+
+    @property
+    def label(self) -> str:
+        return "MISSING" if self.missing else "CORRUPT"
 
 
 def find_manifests(root: Path) -> list[Path]:
@@ -23,6 +57,10 @@ def find_manifests(root: Path) -> list[Path]:
     found = [*root.rglob(MANIFEST), *root.rglob(SHARD_INDEX_GLOB)]
     # Staged files are hard links of the declared ones (store.staging).
     return sorted(p for p in found if STAGED not in p.parts)
+
+
+def find_records(root: Path) -> list[Path]:
+    return sorted(root.rglob(f"{STAGED}/*{RECORD_SUFFIX}"))
 
 
 def _is_shard(path: Path) -> bool:
@@ -38,54 +76,110 @@ def check(path: Path) -> list[str]:
         return [f"{path}: {exc}"]
 
 
-def verify(root: Path) -> dict[Path, list[str]]:
-    """Problems per manifest (empty list: intact)."""
-    return {path: check(path) for path in find_manifests(root)}
-
-
-def _members(manifest_path: Path) -> list[str]:
+def _members(manifest_path: Path) -> list[Path]:
     if _is_shard(manifest_path):
-        return [manifest_path.stem + ".bin", manifest_path.name]
+        names = [manifest_path.stem + ".bin", manifest_path.name]
+    else:
+        try:
+            names = [*manifest.read(manifest_path)["files"], MANIFEST]
+        except (OSError, ValueError):
+            names = [MANIFEST]
+    return [manifest_path.parent / name for name in names]
+
+
+def check_record(record_path: Path) -> tuple[list[str], list[Path]]:
+    """Problems with the files a staged job put in place, and those files."""
+    artifact_dir = record_path.parent.parent
     try:
-        names = list(manifest.read(manifest_path)["files"])
-    except (OSError, ValueError):
-        names = []
-    return [*names, MANIFEST]
+        files = json.loads(record_path.read_text())["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        return [f"{record_path}: unreadable record ({exc})"], []
+    problems, declared = [], []
+    for name, expected in files.items():
+        path = artifact_dir / name
+        declared.append(path)
+        if not path.exists():
+            continue  # not linked into place yet, or removed to save space: rebuilt when needed
+        if path.stat().st_size != expected["size"]:
+            problems.append(f"{path}: size {path.stat().st_size} != {expected['size']}")
+        elif sha256_file(path) != expected["sha256"]:
+            problems.append(f"{path}: sha256 mismatch")
+    return problems, declared
 
 
-def quarantine(manifest_path: Path) -> list[Path]:
+def scan(root: Path, plan: Plan | None = None) -> tuple[int, list[Finding]]:
+    """Everything checked (a count) and what is wrong, upstream artifacts first."""
+    findings, checked = [], 0
+    for path in find_manifests(root):
+        checked += 1
+        problems = check(path)
+        if problems:
+            findings.append(Finding(path, problems, _members(path)))
+    reported = {m for f in findings for m in f.members}
+    for record in find_records(root):
+        checked += 1
+        problems, declared = check_record(record)
+        if problems and not reported.intersection(declared):  # a shard is reported by its index
+            members = [*declared, *(record.parent / p.name for p in declared), record]
+            findings.append(Finding(declared[0] if declared else record, problems, members))
+    if plan is not None:
+        findings += missing(plan)
+    return checked, findings
+
+
+def missing(plan: Plan) -> list[Finding]:
+    """The artifacts (and shards) a full run of the plan builds that are not there."""
+    wanted = [a.manifest for a in plan.built] + [plan.shard(name) for name in plan.shard_names]
+    return [Finding(path, [f"{path}: missing"], [], missing=True) for path in wanted if not path.exists()]
+
+
+def quarantine(finding: Finding) -> list[Path]:
+    """Move a damaged artifact's files aside (staged copies and records are dropped)."""
     moved = []
-    for name in _members(manifest_path):
-        member = manifest_path.parent / name
-        if member.exists():
-            os.replace(member, member.with_name(member.name + ".corrupt"))
-            moved.append(member)
+    for member in finding.members:
+        if not member.exists():
+            continue
+        if STAGED in member.parts:
+            member.unlink()  # a hard link of the bad bytes, or the record that would re-link them
+        else:
+            os.replace(member, member.with_name(member.name + QUARANTINE_SUFFIX))
+        moved.append(member)
     return moved
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="artifact root (config artifacts_dir)")
-    parser.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts")
-    args = parser.parse_args(argv)
-    results = verify(args.root)
-    bad = {p: problems for p, problems in results.items() if problems}
-    rebuild = []
-    for path, problems in bad.items():
-        print(f"CORRUPT {path.parent}")
-        for problem in problems:
-            print(f"  {problem}")
-        if args.fix:
-            quarantine(path)
-            rebuild.append(str(path))
-            print("  quarantined")
-    print(f"verify: {len(results)} artifacts checked, {len(bad)} corrupt")
-    if rebuild:
-        # Naming the outputs rebuilds exactly these artifacts; a plain `snakemake`
-        # would not, since downstream results that already exist need nothing.
-        print("rebuild exactly these with:\n  snakemake " + " ".join(rebuild))
-    return 1 if bad else 0
+def rebuild_command(findings: list[Finding], configfiles: list[str]) -> str:
+    options = [arg for path in configfiles for arg in ("--configfile", str(path))]
+    return shlex.join(["snakemake", *options, *(str(f.where) for f in findings)])
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run(root: Path, plan: Plan | None, fix: bool, configfiles: list[str], say=print) -> int:
+    """Check the store, report each finding, quarantine with `fix`; 1 when anything is wrong."""
+    checked, findings = scan(root, plan)
+    for finding in findings:
+        say(f"{finding.label} {finding.where}")
+        for problem in finding.problems:
+            say(f"  {problem}")
+        if fix and not finding.missing:
+            quarantine(finding)
+            say("  quarantined")
+    corrupt = sum(not f.missing for f in findings)
+    say(f"verify: {checked} checked, {corrupt} corrupt, {len(findings) - corrupt} missing")
+    if findings and (fix or corrupt == 0):
+        say("rebuild exactly these with:\n  " + rebuild_command(findings, configfiles))
+    elif corrupt:
+        say("quarantine the corrupt ones and rebuild them: draftsmith verify --fix")
+    return 1 if findings else 0
+
+
+def main(plan: Plan, log_file: str, configfiles: list[str]) -> None:
+    """Rule `verify`: report to the terminal and the rule's log; fail on any finding."""
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "w", encoding="utf-8") as log:
+
+        def say(line: str) -> None:
+            print(line, flush=True)
+            log.write(line + "\n")
+
+        status = run(plan.root, plan, fix=False, configfiles=configfiles, say=say)
+    if status:
+        raise StoreDamaged(f"the store at {plan.root} has problems (listed above and in {log_file})")

@@ -33,8 +33,18 @@ def load_model(hf_dir: str | Path, dtype: str, device: str = "cpu", trust_remote
 
 
 def model_info(info_file: str | Path) -> dict:
-    """The model stage's record (`model.json`): shapes, special tokens, the HF directory."""
-    return json.loads(Path(info_file).read_text())
+    """The model stage's record (`model.json`): shapes, special tokens, the HF directory.
+
+    A converted target's directory is recorded relative to `model.json` (the store may be
+    reached from any checkout or mount point) and returned as a full path."""
+    info = json.loads(Path(info_file).read_text())
+    hf_dir = Path(info_file).parent / info["hf_dir"]  # an absolute hf_dir stays as it is
+    if not hf_dir.is_dir():
+        raise ModelError(
+            f"{info_file}: hf_dir {info['hf_dir']} is not a directory; delete {Path(info_file).parent} "
+            "to rebuild the model stage"
+        )
+    return {**info, "hf_dir": str(hf_dir)}
 
 
 def _weight_map(hf_dir: Path) -> dict[str, Path]:

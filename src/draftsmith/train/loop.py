@@ -546,7 +546,7 @@ def launch(
         "metrics": str(metrics),
     }
     out_dir = Path(checkpoint).parent
-    job_file = out_dir / f"{atomic.TMP_PREFIX}segment-{segment:05d}.{os.getpid()}.json"
+    job_file = out_dir / atomic.temp_name(f"segment-{segment:05d}.json")
     atomic.write_json(job_file, job)
     cmd = [
         sys.executable,
