@@ -53,7 +53,10 @@ rule hidden_shard:
         ),
     output:
         **built(
-            {"bin": str(PLAN.shard("{shard}", "bin")), "index": str(PLAN.shard("{shard}"))}
+            {
+                "bin": str(PLAN.shard("{shard}", "bin")),
+                "index": str(PLAN.shard("{shard}")),
+            }
         ),
     log:
         f"{LOGS}/hidden_shard/{PLAN.hidden.key}/{{shard}}.log",

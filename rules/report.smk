@@ -25,7 +25,9 @@ rule report:
             train_summary=str(PLAN.train.path("summary")),
             metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
             benchmark=(
-                [str(PLAN.evaluate.path("json"))] if config["evaluate"]["enabled"] else []
+                [str(PLAN.evaluate.path("json"))]
+                if config["evaluate"]["enabled"]
+                else []
             ),
             serve_benchmark=(
                 [str(PLAN.serve_bench.path("md"))]
