@@ -43,6 +43,10 @@ class TokenizeError(DataError):
     pass
 
 
+class DiskFullError(DraftsmithError):
+    """A write ran out of space: names the file and what its file system has left."""
+
+
 class ModelError(DraftsmithError):
     pass
 

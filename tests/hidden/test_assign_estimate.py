@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from draftsmith.errors import ConfigError
 from draftsmith.hidden import assign, estimate
+from draftsmith.store import atomic
 from draftsmith.hidden.hf import MergedSample, batches
 
 
@@ -21,7 +23,20 @@ def test_more_shards_than_samples_leaves_empty_shards():
     assert sum(map(len, assign.assign([("a", 5), ("b", 3)], 4))) == 2
 
 
+def test_more_shards_than_samples_in_the_data_is_refused(tmp_path):
+    merged = tmp_path / "train.jsonl"
+    atomic.write_jsonl(merged, [{"id": f"s{i}", "input_ids": [1, 2]} for i in range(3)])
+    names = [f"shard-{i:05d}" for i in range(4)]
+    with pytest.raises(ConfigError, match=r"extract.num_shards: 4 shards for 3 samples"):
+        assign.build(merged, 4, names)
+    assert assign.build(merged, 3, names[:3])["num_samples"] == 3
+
+
 def test_check_disk_refuses_with_override():
+    # Sizes a person can compare: not "0.01 GB vs 0.01 GB".
+    message = r"needs ~12.3 MB \(12,345,678 bytes\) but only 9.9 MB \(9,876,543 bytes\) are free"
+    with pytest.raises(estimate.DiskSpaceError, match=message):
+        estimate.check_disk(12_345_678, 9_876_543, allow=False, what="extraction")
     with pytest.raises(estimate.DiskSpaceError, match="allow_disk_overcommit"):
         estimate.check_disk(2_000, 1_000, allow=False, what="extraction")
     estimate.check_disk(2_000, 1_000, allow=True, what="extraction")

@@ -294,3 +294,20 @@ def test_train_section_defaults_and_unknown_keys(raw):
 def test_train_settings_that_cannot_work_are_refused(raw, train, expected):
     raw["train"].update(train)
     assert expected in error_of(raw)
+
+
+@pytest.mark.parametrize("section", ["generation.hf", "extract"])
+def test_an_unknown_device_is_refused(raw, section):
+    outer, *inner = section.split(".")
+    entry = raw.setdefault(outer, {})
+    for key in inner:
+        entry = entry.setdefault(key, {})
+    entry["device"] = "tpu"
+    assert f"{section}.device" in error_of(raw) and "tpu" in error_of(raw)
+
+
+def test_evaluation_without_prompt_sets_is_refused_before_any_work(raw):
+    raw["evaluate"]["prompt_sets"] = {}
+    assert "evaluate.prompt_sets: empty while evaluate.enabled is true" in error_of(raw)
+    raw["evaluate"]["enabled"] = False
+    cfg.validate(raw)

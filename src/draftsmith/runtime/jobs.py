@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from draftsmith.store import lock
+from draftsmith.store import atomic, lock
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,16 @@ def from_snakemake(smk, stage: Callable[..., object]) -> None:
     ):
         if not needed:
             return
-        stage(
-            smk.config,
-            inputs=dict(smk.input.items()),
-            outputs=dict(smk.output.items()),
-            log_file=log_file,
-            **dict(smk.params.items()),
-        )
+        try:
+            stage(
+                smk.config,
+                inputs=dict(smk.input.items()),
+                outputs=dict(smk.output.items()),
+                log_file=log_file,
+                **dict(smk.params.items()),
+            )
+        except Exception as exc:
+            full = atomic.disk_full(smk.output[0], exc) if smk.output else None
+            if full is not None:
+                raise full from exc
+            raise

@@ -11,6 +11,7 @@ leftovers of a dead process (a kill -9 runs no cleanup) but never a live one's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -23,11 +24,43 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from draftsmith.errors import DiskFullError
+
 TMP_PREFIX = ".tmp-"
 _OWNED = re.compile(r"@(?P<host>[^@/]+)-(?P<pid>[0-9]+)\.[^.@/]*$")
 # A temp that names no owner (written before owners were recorded) counts as a
 # leftover once it is this old.
 UNOWNED_STALE_S = 24 * 3600
+
+
+# Below this many free bytes a failed write is taken for a full disk: some writers
+# (torch.save's zip writer) report it without the OS error.
+LOW_DISK_BYTES = 1 << 20
+
+
+def _os_errors(exc: BaseException):
+    while exc is not None:
+        if isinstance(exc, OSError):
+            yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def disk_full(path: str | os.PathLike, exc: BaseException) -> DiskFullError | None:
+    """The clear error for a write to `path` that failed with `exc`, when the cause was
+    a full disk (or quota); None otherwise."""
+    if not isinstance(exc, Exception) or isinstance(exc, DiskFullError):
+        return None
+    target = Path(path)
+    directory = target if target.is_dir() else target.parent
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    no_space = any(e.errno in (errno.ENOSPC, errno.EDQUOT) for e in _os_errors(exc))
+    if not no_space and (free is None or free >= LOW_DISK_BYTES):
+        return None
+    left = "" if free is None else f" ({free:,} bytes free)"
+    return DiskFullError(f"disk full at {target}{left}: free space on that file system and rerun ({exc})")
 
 
 def temp_prefix(name: str) -> str:
@@ -106,9 +139,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         os.chmod(tmp, 0o644)
         os.replace(tmp, final)
         fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        full = disk_full(final, exc)
+        if full is not None:
+            raise full from exc
         raise
 
 
