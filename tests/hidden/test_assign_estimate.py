@@ -6,8 +6,8 @@ import pytest
 
 from draftsmith.errors import ConfigError
 from draftsmith.hidden import assign, estimate
-from draftsmith.store import atomic
 from draftsmith.hidden.hf import MergedSample, batches
+from draftsmith.store import atomic
 
 
 def test_assign_balances_tokens_and_is_deterministic():
