@@ -18,7 +18,7 @@ from pathlib import Path
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
 from draftsmith.formats.markdown import human_size
-from draftsmith.store import gc, migrate, verify
+from draftsmith.store import atomic, gc, migrate, verify
 from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan
 from draftsmith.workflow import configure
 
@@ -163,6 +163,14 @@ def _gc(args: argparse.Namespace) -> int:
             gc.remove(directory)
     verb = "deleted" if args.delete else "unreferenced (delete with --delete)"
     print(f"gc: {len(garbage)} directories {verb}, {human_size(total)} ({total:,} bytes)")
+    for root in sorted({_plan_of([path]).root for path in _paths(args)}):
+        leftovers = gc.stale_temps(root)
+        for leftover in leftovers:
+            print(f"{'removed' if args.delete else 'stale'}  {leftover}")
+            if args.delete:
+                atomic.remove_temp(leftover)
+        if leftovers:
+            print(f"gc: {len(leftovers)} temporaries of dead processes in {root}")
     return 0
 
 

@@ -28,9 +28,9 @@ def model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
             raise ModelError(f"model.source.path: no config.json in {hf_dir}")
     else:
         hf_dir = Path(outputs["hf"])
-        # The download lands beside the store's model directories under an owned temp
-        # name: a kill -9 leaves it for the next job (or `draftsmith gc`) to remove.
-        download = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix("gguf"), dir=hf_dir.parent.parent))
+        # The download lands in the artifact's directory under an owned temp name: after
+        # a kill -9 the rerun (or `draftsmith gc`) removes it.
+        download = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix("gguf"), dir=hf_dir.parent))
         try:
             convert_gguf(fetch_gguf(source, download), hf_dir, model_cfg["dtype"])
         finally:

@@ -97,22 +97,21 @@ def is_stale_temp(path: Path, now: float | None = None) -> bool:
     return owner["host"] == socket.gethostname() and not _pid_alive(int(owner["pid"]))
 
 
-def remove_stale_temps(directory: Path, recursive: bool = False) -> list[Path]:
-    """Delete the stale temps in `directory` (and below it when `recursive`); returns them."""
+def remove_temp(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Delete the stale temps directly in `directory`; returns them."""
     if not directory.is_dir():
         return []
-    found = directory.rglob(f"{TMP_PREFIX}*") if recursive else directory.glob(f"{TMP_PREFIX}*")
-    removed = []
-    for path in sorted(found):
-        if not is_stale_temp(path):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        removed.append(path)
-    return removed
+    stale = [p for p in sorted(directory.glob(f"{TMP_PREFIX}*")) if is_stale_temp(p)]
+    for path in stale:
+        remove_temp(path)
+    return stale
 
 
 def fsync_dir(path: Path) -> None:

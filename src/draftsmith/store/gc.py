@@ -16,6 +16,7 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
+from draftsmith.store import atomic
 from draftsmith.store.atomic import TMP_PREFIX, fsync_dir, temp_name
 from draftsmith.store.hashing import KEY_LENGTH
 from draftsmith.store.keys import STAGES
@@ -73,6 +74,13 @@ def size(directory: Path) -> int:
                 seen.add((stat.st_dev, stat.st_ino))
                 total += stat.st_size
     return total
+
+
+def stale_temps(root: Path) -> list[Path]:
+    """Temporaries anywhere in the store whose process is gone (see `atomic.is_stale_temp`);
+    what lies inside a stale temp directory is not listed again."""
+    found = sorted(p for p in root.rglob(f"{TMP_PREFIX}*") if atomic.is_stale_temp(p))
+    return [p for p in found if not any(parent in found for parent in p.parents)]
 
 
 def remove(directory: Path) -> None:
