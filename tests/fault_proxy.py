@@ -48,6 +48,7 @@ class FaultProxy:
         self.max_requests = max_requests
         self.scripts: dict[str, list[str | None]] = {}
         self.counts: dict[str, int] = {}
+        self.delivered: dict[str, int] = {}  # pass-through answers the client received, per prompt
         self.headers: list[dict[str, str]] = []
         self.bodies: list[Any] = []
         self.times: dict[str, list[float]] = {}  # monotonic arrival times per prompt
@@ -98,6 +99,11 @@ class FaultProxy:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             script = self.scripts.get(prompt, self.scripts.get("*", []))
             return self.total, script[n - 1] if n <= len(script) else None
+
+    def _delivered(self, body: Any) -> None:
+        prompt = last_user_message(body)
+        with self._lock:
+            self.delivered[prompt] = self.delivered.get(prompt, 0) + 1
 
     def _leave(self) -> None:
         with self._lock:
@@ -202,6 +208,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             try:
                 with urllib.request.urlopen(request, timeout=UPSTREAM_TIMEOUT_S) as reply:
                     self._send(reply.status, reply.read(), reply.headers.get_content_type())
+                    proxy._delivered(body)
             except urllib.error.HTTPError as err:
                 self._send(err.code, err.read(), err.headers.get_content_type())
 

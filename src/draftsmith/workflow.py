@@ -7,8 +7,11 @@ job runs, with the key path at fault.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
+from draftsmith.formats.datasets import JSONL_SUFFIXES
 from draftsmith.serve_bench.command import check_config as check_serve_bench
 from draftsmith.store.plan import Plan, plan_for
 
@@ -21,4 +24,28 @@ def configure(config: dict, source: str = "config") -> Plan:
             check_serve_bench(config)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-    return plan_for(config)
+    plan = plan_for(config)
+    _check_shards(config, plan.merged_datasets, source)
+    return plan
+
+
+def _check_shards(config: dict, merged: list[str], source: str) -> None:
+    """Refuse more shards than the merged data can have samples, when the sources say so
+    up front (JSONL rows, `max_samples`, merge caps); the shard assignment checks the exact
+    count later."""
+    most = 0
+    for name in merged:
+        entry = cfg.dataset_settings(config, name)
+        path = Path(entry["path"])
+        if not path.is_file() or path.suffix.lower() not in JSONL_SUFFIXES:
+            return  # a count needs the data: the shard assignment checks it
+        with open(path, "rb") as handle:
+            rows = sum(1 for line in handle if line.strip())
+        limits = (rows, entry["max_samples"], config["merge"]["caps"].get(name))
+        most += min(n for n in limits if n is not None)
+    shards = config["extract"]["num_shards"]
+    if shards > most:
+        raise ConfigError(
+            f"{source}: extract.num_shards: {shards} shards, but the merged datasets hold at most "
+            f"{most} samples; set num_shards to at most that"
+        )

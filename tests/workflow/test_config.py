@@ -311,3 +311,17 @@ def test_evaluation_without_prompt_sets_is_refused_before_any_work(raw):
     assert "evaluate.prompt_sets: empty while evaluate.enabled is true" in error_of(raw)
     raw["evaluate"]["enabled"] = False
     cfg.validate(raw)
+
+
+def test_more_shards_than_the_data_can_fill_is_refused_before_any_work(raw, monkeypatch, tmp_path):
+    from draftsmith.workflow import configure
+
+    monkeypatch.chdir(REPO)  # the default config's dataset paths are relative to the checkout
+    raw["artifacts_dir"] = str(tmp_path / "artifacts")
+    raw.setdefault("extract", {})["num_shards"] = 10_000
+    with pytest.raises(
+        ConfigError, match=r"extract.num_shards: 10000 shards, but the merged datasets hold at most"
+    ):
+        configure(copy.deepcopy(raw))
+    raw["extract"]["num_shards"] = 4
+    configure(raw)

@@ -1,0 +1,322 @@
+"""Chaos: kill -9 at random points, damaged files, a full disk, bad inputs, two checkouts
+at once and a read-only store, each on the real workflow. Every case asserts that no
+finished artifact is lost or changed, that the rerun completes and that the store
+verifies; the tally is printed at the end of the run (tests/chaos/conftest.py).
+
+Seeded: DRAFTSMITH_CHAOS_SEED (default 15) picks delays, kill kinds and damage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import pipeline_config, planned_jobs, snakemake, snakemake_cmd
+from fault_proxy import FaultProxy
+
+from draftsmith.store import manifest, verify
+from draftsmith.store.hashing import sha256_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+SEED = int(os.environ.get("DRAFTSMITH_CHAOS_SEED", "15"))
+KILLS = 30
+DAMAGE_CASES = 8
+JOB_SCRIPT = re.compile(r"\.snakemake/scripts/tmp\w+\.(\w+)\.py")
+
+
+def finished_files(store: Path) -> dict[Path, str]:
+    """sha256 of every file of every finished artifact, as the store recorded it."""
+    files: dict[Path, str] = {}
+    for path in verify.find_manifests(store):
+        files[path] = sha256_file(path)
+        if path.match(verify.SHARD_INDEX_GLOB):
+            files[path.with_suffix(".bin")] = json.loads(path.read_text())["bin"]["sha256"]
+        else:
+            for name, entry in manifest.read(path)["files"].items():
+                files[path.parent / name] = entry["sha256"]
+    for record in verify.find_records(store):
+        for name, entry in json.loads(record.read_text())["files"].items():
+            files[record.parent.parent / name] = entry["sha256"]
+    return files
+
+
+def changed(files: dict[Path, str]) -> list[Path]:
+    return [p for p, digest in files.items() if not p.exists() or sha256_file(p) != digest]
+
+
+def running_jobs(work: Path) -> dict[int, str]:
+    """pid -> rule of the job processes started from `work`."""
+    jobs = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        match = JOB_SCRIPT.search(cmdline)
+        if match and str(work) in cmdline:
+            jobs[int(proc.name)] = match.group(1)
+    return jobs
+
+
+def wait_gone(work: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while running_jobs(work) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running_jobs(work), f"jobs outlived their snakemake: {running_jobs(work)}"
+
+
+def run(
+    work: Path, config_path: Path, *args: str, check: bool = True, env=None
+) -> subprocess.CompletedProcess:
+    command = snakemake_cmd(work, config_path, *args)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(result.stdout[-3000:] + result.stderr[-3000:])
+    return result
+
+
+def draftsmith(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "draftsmith", *args], capture_output=True, text=True)
+
+
+def write(config: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, demo_model_dir):
+    """A finished run of every stage: what damaged stores are repaired back to."""
+    work = tmp_path_factory.mktemp("reference")
+    config = pipeline_config(work, demo_model_dir, work / "store")
+    snakemake(work, config)
+    return work, config
+
+
+# --- kill -9 ----------------------------------------------------------------------------
+def test_kill9_at_random_points(tmp_path, demo_model_dir, transformers_server, tally):
+    """Kill snakemake (or its whole process group) at seeded random times until KILLS kills;
+    a run that finishes first starts a new round with a new merge seed, so kills reach
+    every stage. The `facts` dataset is generated through a counting proxy in front of a
+    real OpenAI-compatible server: a paid request must never be sent twice."""
+    rng = random.Random(SEED)
+    url, served = transformers_server
+    work, store = tmp_path / "work", tmp_path / "store"
+    work.mkdir()
+    config = pipeline_config(work, demo_model_dir, store)
+    with FaultProxy(url) as proxy:
+        config["generation"]["openai"] = {
+            "base_url": proxy.url,
+            "model": served,
+            "api_key_env": "DRAFTSMITH_CHAOS_KEY",
+            "concurrency": 2,
+            "timeout_s": 120,
+            "backoff_s": 0.2,
+        }
+        config["datasets"]["facts"]["generation"] = {"backend": "openai"}
+        env = {**os.environ, "DRAFTSMITH_CHAOS_KEY": "sk-chaos"}
+        kills, rounds, lost, stages = 0, 0, 0, set()
+        while kills < KILLS:
+            path = write(dict(config, merge={"seed": rounds}), work / "config.yaml")
+            before = finished_files(store) if store.exists() else {}
+            run(work, path, "--unlock")
+            proc = subprocess.Popen(
+                snakemake_cmd(work, path), env=env, start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            try:
+                assert proc.wait(timeout=rng.uniform(2, 12)) == 0
+                rounds += 1  # finished before the kill: the next round retrains
+                continue
+            except subprocess.TimeoutExpired:
+                stages.update(running_jobs(work).values())
+                whole_group = rng.random() < 0.5
+                os.killpg(proc.pid, signal.SIGKILL) if whole_group else proc.kill()
+                proc.wait()
+                kills += 1
+            wait_gone(work)
+            damaged = changed(before)
+            lost += len(damaged)
+            tally.case("kill -9", not damaged)
+        run(work, path, "--unlock")
+        run(work, path, env=env)
+    tally.add("kills tried", kills)
+    tally.add("finished artifacts lost or changed", lost)
+    tally.add("rules running at a kill", len(stages))
+    duplicates = sum(n - 1 for n in proxy.delivered.values() if n > 1)
+    tally.add("duplicate paid requests", duplicates)
+    assert lost == 0 and duplicates == 0
+    assert {"responses", "hidden_shard", "train_segment"} <= stages, stages
+    assert draftsmith("verify", "--configfile", str(path)).returncode == 0
+    for journal in store.glob("responses/*/*/journal.jsonl"):
+        ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
+        assert len(ids) == len(set(ids))
+    assert not list(store.rglob(".tmp-*")), "a dead process's temporaries were left behind"
+
+
+# --- damage -------------------------------------------------------------------------------
+def damage(path: Path, kind: str, rng: random.Random) -> None:
+    if kind == "flip":
+        data = bytearray(path.read_bytes())
+        data[rng.randrange(len(data))] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif kind == "truncate":
+        with open(path, "r+b") as handle:
+            handle.truncate(path.stat().st_size // 2)
+    elif kind == "delete_file":
+        path.unlink()
+    else:
+        shutil.rmtree(artifact_dir(path))
+
+
+def artifact_dir(path: Path) -> Path:
+    """The key directory a store file belongs to."""
+    return next(p for p in [path, *path.parents] if re.fullmatch(r"[0-9a-f]{16}", p.name))
+
+
+def test_damaged_files_are_found_and_rebuilt_exactly(reference, tmp_path, tally):
+    work, config = reference
+    rng = random.Random(SEED)
+    original = finished_files(Path(config["artifacts_dir"]))
+    relative = sorted(str(p.relative_to(config["artifacts_dir"])) for p in original if p.stat().st_size)
+    for case in range(DAMAGE_CASES):
+        store = tmp_path / f"store-{case}"
+        shutil.copytree(config["artifacts_dir"], store)
+        copy = dict(config, artifacts_dir=str(store))
+        path = write(copy, tmp_path / f"copy {case}.yaml")
+        target = store / rng.choice(relative)
+        kind = rng.choice(["flip", "truncate", "delete_file", "delete_dir"])
+        untouched = {
+            p: d for p, d in finished_files(store).items() if artifact_dir(p) != artifact_dir(target)
+        }
+        damage(target, kind, rng)
+        found = draftsmith("verify", "--configfile", str(path), "--fix")
+        named = found.returncode == 1 and str(artifact_dir(target)) in found.stdout
+        command = shlex.split(found.stdout.split("rebuild exactly these with:\n", 1)[1])
+        run(work, path, *command[3:])
+        repaired = planned_jobs(run(work, path, "-n")) == {}
+        verified = draftsmith("verify", "--configfile", str(path)).returncode == 0
+        kept = not changed(untouched)
+        passed = named and repaired and verified and kept
+        tally.case("damaged file", passed)
+        assert passed, (kind, target, found.stdout, named, repaired, verified, kept)
+        shutil.rmtree(store)
+
+
+# --- a full disk --------------------------------------------------------------------------
+def test_a_full_disk_fails_clearly_and_the_rerun_completes(tmp_path, demo_model_dir, tally):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        config = pipeline_config(tmp_path, demo_model_dir, disk / "store")
+        path = write(config, tmp_path / "config.yaml")
+        failed = run(tmp_path, path, check=False)
+        logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.log"))
+        clear = failed.returncode != 0 and re.search(rf"disk full at {re.escape(str(disk))}/store/\S+", logs)
+        before = finished_files(disk / "store")
+        corrupt = "CORRUPT" in draftsmith("verify", "--configfile", str(path)).stdout
+        subprocess.run(["mount", "-o", "remount,size=1g", str(disk)], check=True)
+        run(tmp_path, path)
+        passed = bool(clear) and not corrupt and not changed(before)
+        passed &= draftsmith("verify", "--configfile", str(path)).returncode == 0
+        tally.case("full disk", passed)
+        assert passed, (clear, corrupt, failed.stdout[-2000:])
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+# --- bad inputs -------------------------------------------------------------------------
+BAD_INPUTS = {
+    "unknown key": (lambda c: c.update(trian={}), "trian"),
+    "unknown device": (lambda c: c["generation"]["hf"].update(device="tpu"), "generation.hf.device"),
+    "no prompt sets": (lambda c: c["evaluate"].update(prompt_sets={}), "evaluate.prompt_sets: empty"),
+    "too many shards": (lambda c: c["extract"].update(num_shards=500), "extract.num_shards: 500 shards"),
+    "warmup past the end": (lambda c: c["train"].update(warmup_steps=99), "train.warmup_steps (99)"),
+    "wrong type": (lambda c: c["train"].update(total_steps="six"), "train.total_steps"),
+    "unknown format": (lambda c: c["datasets"]["facts"].update(format="csv"), "datasets.facts.format"),
+    "unknown merge cap": (lambda c: c["merge"].update(caps={"nope": 3}), "merge.caps: unknown dataset"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_inputs_fail_before_any_work_with_a_clear_error(case, tmp_path, demo_model_dir, tally):
+    config = pipeline_config(tmp_path, demo_model_dir)
+    mutate, expected = BAD_INPUTS[case]
+    mutate(config)
+    result = run(tmp_path, write(config, tmp_path / "config.yaml"), check=False)
+    clear = result.returncode != 0 and expected in result.stdout + result.stderr
+    no_work = not list((tmp_path / "artifacts").rglob("manifest.json"))
+    tally.case("bad input", clear and no_work)
+    tally.add("bad inputs tried")
+    tally.add("clear errors", int(clear))
+    assert clear and no_work, result.stderr[-2000:]
+
+
+# --- shared stores --------------------------------------------------------------------------
+def test_two_checkouts_on_an_empty_store_both_finish_and_build_once(tmp_path, demo_model_dir, tally):
+    store = tmp_path / "store"
+    runs, works = [], [tmp_path / "first", tmp_path / "second"]
+    for work in works:
+        work.mkdir()
+        path = write(pipeline_config(work, demo_model_dir, store), work / "config.yaml")
+        runs.append(
+            subprocess.Popen(snakemake_cmd(work, path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        )
+    outputs = [run.communicate(timeout=900)[0].decode() for run in runs]
+    finished = all(r.returncode == 0 for r in runs)
+    journals_once = True
+    for journal in store.glob("responses/*/*/journal.jsonl"):
+        ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
+        journals_once &= len(ids) == len(set(ids)) > 0
+    built_by: dict[str, list[str]] = {}
+    for work in works:
+        for log in (work / "logs").rglob("*.log"):
+            text = log.read_text()
+            if "finished in" in text and "already built" not in text:
+                built_by.setdefault(str(log.relative_to(work / "logs")), []).append(work.name)
+    keyed = {job: who for job, who in built_by.items() if not job.startswith(("report", "hidden_estimate"))}
+    once = bool(keyed) and all(len(who) == 1 for who in keyed.values())
+    verified = draftsmith("verify", "--configfile", str(works[0] / "config.yaml")).returncode == 0
+    passed = finished and journals_once and once and verified
+    tally.case("two checkouts, one store", passed)
+    assert passed, (finished, journals_once, keyed, outputs[0][-2000:], outputs[1][-2000:])
+
+
+def test_a_read_only_store_is_planned_and_verified(reference, tmp_path, tally):
+    work, config = reference
+    mount = tmp_path / "read-only"
+    mount.mkdir()
+    bound = subprocess.run(
+        ["mount", "--bind", config["artifacts_dir"], str(mount)], capture_output=True, text=True
+    )
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bound.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True)
+        path = write(dict(config, artifacts_dir=str(mount)), tmp_path / "ro.yaml")
+        planned = planned_jobs(run(work, path, "-n"))
+        verified = draftsmith("verify", "--configfile", str(path)).returncode == 0
+        passed = set(planned) <= {"hidden_estimate", "report", "report_html", "all"} and verified
+        tally.case("read-only store", passed)
+        assert passed, planned
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
