@@ -22,9 +22,10 @@ def planned(stage, wildcards):
 
 def by_content(**inputs):
     """Inputs compared by content, never by modification time: a keyed job's key holds
-    its inputs' content (and a report's input paths hold the keys), so neither a fresh
+    its inputs' content (and a report's store paths hold the keys), so neither a fresh
     clone's datasets, nor a copied file, nor an artifact rebuilt to the same bytes makes
-    a job stale (`snakemake verify` checks the bytes)."""
+    a job stale (`snakemake verify` checks the bytes). Files under results/ are not
+    keyed and keep Snakemake's time rule."""
 
     def flagged(value):
         if callable(value):

@@ -20,8 +20,6 @@ rule report:
         **by_content(
             data_report=str(PLAN.merged.path("report")),
             data_report_md=str(PLAN.merged.path("report_md")),
-            estimate=str(PLAN.result("estimate")),
-            estimate_md=str(PLAN.result("estimate_md")),
             train_summary=str(PLAN.train.path("summary")),
             metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
             benchmark=(
@@ -35,6 +33,9 @@ rule report:
                 else []
             ),
         ),
+        # Written in this run when the estimate changes: compared by time, like results/.
+        estimate=str(PLAN.result("estimate")),
+        estimate_md=str(PLAN.result("estimate_md")),
     output:
         summary=str(PLAN.result("summary")),
         summary_html=reported(

@@ -129,7 +129,7 @@ def stand_in_config(tmp: Path) -> dict:
     target.mkdir()
     (target / "config.json").write_text("{}")
     datasets = {n: write_rows(tmp / f"{n}.jsonl", [f"{n} prompt"]) for n in ("chat", "code")}
-    return workflow_config(tmp, target, datasets)
+    return workflow_config(tmp, target, datasets, extract={"num_shards": 2})
 
 
 def snakemake_cmd(workdir: Path, config_path: Path, *args: str) -> list[str]:

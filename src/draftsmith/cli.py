@@ -50,7 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="a JSON list instead of a table")
 
     check = _command(commands, "verify", _verify, "re-hash artifacts against their manifests", configs)
-    check.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
+    check.add_argument(
+        "root",
+        nargs="?",
+        type=Path,
+        help="store root; without --configfile only what the store holds is checked",
+    )
     check.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts")
 
     unplanned = "list artifact directories that no given config plans (each config planned on its own)"
@@ -145,6 +150,8 @@ def _built(plan: Plan, artifact: Artifact) -> bool:
 
 # --- store maintenance -------------------------------------------------------------------
 def _verify(args: argparse.Namespace) -> int:
+    if args.root is not None and not args.configfile:
+        return verify.run(args.root, None, args.fix, [])  # the store alone: no plan to miss
     config, source = _merged(_paths(args))
     if args.root is not None:
         config["artifacts_dir"] = str(args.root)

@@ -56,6 +56,7 @@ def _config(tmp_path: Path, top: dict | None = None, **bench) -> dict:
         "datasets": {"train": {"path": str(prompts), "format": "prompt"}},
         "evaluate": {"prompt_sets": {"held": {"path": str(prompts)}}},
         "serve_benchmark": {"enabled": True, "prompt_set": "held", **bench},
+        "extract": {"num_shards": 2},
     }
     config |= top or {}
     configure(config)  # as the Snakefile does: schema, then the stage's own refusals

@@ -102,9 +102,9 @@ def test_verify_names_corruption_and_rerun_rebuilds_it(built):
     data = bytearray(tokens.read_bytes())
     data[10] ^= 0x01
     tokens.write_bytes(bytes(data))
-    verify = [sys.executable, "-m", "draftsmith.store.verify", str(root)]
+    verify = [sys.executable, "-m", "draftsmith", "verify", str(root)]
     result = subprocess.run(verify, capture_output=True, text=True)
-    assert result.returncode == 1 and f"CORRUPT {tokens.parent}" in result.stdout
+    assert result.returncode == 1 and f"CORRUPT {tokens.parent / 'manifest.json'}" in result.stdout
     assert "sha256 mismatch" in result.stdout
     fixed = subprocess.run([*verify, "--fix"], capture_output=True, text=True)
     assert "quarantined" in fixed.stdout and not tokens.exists()
