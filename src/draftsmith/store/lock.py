@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from draftsmith.store import atomic, manifest
-from draftsmith.store.plan import LOCKS, MANIFEST
+from draftsmith.store.plan import LOCKS, MANIFEST, STAGED
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ def building(root: Path, outputs: list[str | os.PathLike]) -> Iterator[bool]:
         yield True
         return
     with held(lock_path(root, declared[0])):
-        for directory in sorted({p.parent for p in declared}):
+        directories = {p.parent for p in declared} | {p.parent / STAGED for p in declared}
+        for directory in sorted(directories):
             for leftover in atomic.remove_stale_temps(directory):
                 log.info("removed %s, left by a process that died", leftover)
         if complete(declared):
