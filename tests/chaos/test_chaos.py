@@ -198,6 +198,7 @@ def test_damaged_files_are_found_and_rebuilt_exactly(reference, tmp_path, tally)
         shutil.copytree(config["artifacts_dir"], store)
         copy = dict(config, artifacts_dir=str(store))
         path = write(copy, tmp_path / f"copy {case}.yaml")
+        run(work, path)  # this working directory's reports now describe the copy
         target = store / rng.choice(relative)
         kind = rng.choice(["flip", "truncate", "delete_file", "delete_dir"])
         untouched = {

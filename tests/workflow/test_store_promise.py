@@ -125,14 +125,26 @@ def test_a_deleted_artifact_directory_is_reported_and_rebuilt_alone(copied):
     path.write_text(yaml.safe_dump(config))
     result = draftsmith("verify", "--configfile", str(path))
     assert result.returncode == 1 and f"MISSING {tokens / 'manifest.json'}" in result.stdout
-    assert planned_jobs(snakemake(work, config, "-n", name="copy.yaml")) == {"tokens": 1, "all": 1}
+    # Snakemake starts the direct consumer of a file it rebuilds; that job finds its own
+    # outputs complete under the same key and keeps them.
+    assert planned_jobs(snakemake(work, config, "-n", name="copy.yaml")) == {
+        "tokens": 1,
+        "merged": 1,
+        "all": 1,
+    }
+    merged = {p: p.read_bytes() for p in next(store.glob("merged/*")).iterdir() if p.is_file()}
     snakemake(work, config, name="copy.yaml")
     assert (tokens / "tokens.jsonl").read_bytes() == before
+    assert {p: p.read_bytes() for p in merged} == merged
+    log = next((work / "logs" / "merged").glob("*.log")).read_text()
+    assert "already built" in log
     assert draftsmith("verify", "--configfile", str(path)).returncode == 0
+    assert planned_jobs(snakemake(work, config, "-n", name="copy.yaml")) == {}
 
 
 def test_a_missing_report_html_is_rebuilt(built):
     work, config, _ = built
+    snakemake(work, config)  # other tests pointed this working directory's reports elsewhere
     html = work / "results" / "test" / "report.html"
     html.unlink()
     assert planned_jobs(snakemake(work, config, "-n")) == {"report_html": 1, "all": 1}
