@@ -22,7 +22,9 @@ def config(work: Path, shards: int) -> dict:
     datasets = {}
     for i in range(10):
         path = work / f"d{i}.jsonl"
-        path.write_text("".join(json.dumps({"prompt": f"p{i}-{j}"}) + "\n" for j in range(100)))
+        # Enough rows for one sample per shard at least (the plan refuses emptier shards).
+        rows = max(100, -(-shards // 10))
+        path.write_text("".join(json.dumps({"prompt": f"p{i}-{j}"}) + "\n" for j in range(rows)))
         datasets[f"d{i}"] = {"path": str(path), "format": "prompt"}
     return {
         "experiment": "dryrun",
@@ -30,6 +32,7 @@ def config(work: Path, shards: int) -> dict:
         "model": {"source": {"kind": "hf_dir", "path": str(work / "absent-model")}},
         "datasets": datasets,
         "extract": {"num_shards": shards},
+        "evaluate": {"enabled": False},
     }
 
 
