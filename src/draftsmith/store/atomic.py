@@ -139,9 +139,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         os.replace(tmp, final)
         fsync_dir(final.parent)
     except BaseException as exc:
+        full = disk_full(final, exc)  # before the temp goes: its bytes are what filled the disk
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        full = disk_full(final, exc)
         if full is not None:
             raise full from exc
         raise
