@@ -147,6 +147,6 @@ def test_a_full_disk_under_torch_save_names_the_file(small_fs):
     import torch
 
     target = small_fs / "ckpt.pt"
-    full = pytest.raises(atomic.DiskFullError, match=rf"disk full at {target} \(\d{{1,7}} bytes free\)")
+    full = pytest.raises(atomic.DiskFullError, match=rf"disk full at {target} \([\d,]{{1,9}} bytes free\)")
     with full, atomic.atomic_open(target, "wb") as handle:
         torch.save({"weights": torch.zeros(1 << 19)}, handle)
