@@ -375,7 +375,10 @@ def test_report_command_repeats_the_cli_run(tmp_path):
 
 def workdir_config(work: Path) -> dict:
     """A test config; the model is absent, which is fine: only rule `report` runs."""
-    return workflow_config(work, work / "no-model", {"facts": write_rows(work / "facts.jsonl", ["Hi."])})
+    facts = {"facts": write_rows(work / "facts.jsonl", ["Hi."])}
+    held_out = {"held_out": {"path": str(write_rows(work / "held_out.jsonl", ["Bye."])), "format": "prompt"}}
+    evaluate = {"enabled": True, "prompt_sets": held_out}
+    return workflow_config(work, work / "no-model", facts, extract={"num_shards": 1}, evaluate=evaluate)
 
 
 # Parses the workflow with Snakemake's API (in a subprocess: the API changes directory and
@@ -435,8 +438,9 @@ def report_results(html: str) -> dict:
 def test_snakemake_report_shows_every_result(tmp_path):
     """Rule `report` on upstream outputs placed at their planned paths, then the HTML report.
 
-    Upstream rules are not allowed to run (`--allowed-rules report`): their outputs are
-    the test inputs above, so this exercises the rule, the onsuccess hook and `--report`.
+    Upstream rules are not allowed to run (`--allowed-rules report report_html`): their
+    outputs are the test inputs above, so this exercises the rule, rule `report_html` and
+    `--report`.
     """
     config = workdir_config(tmp_path)
     plan = plan_for(cfg.validate(copy.deepcopy(config)))
@@ -454,7 +458,7 @@ def test_snakemake_report_shows_every_result(tmp_path):
     for name, path in planned.items():
         atomic.write_text(path, Path(sources[name]).read_text())
 
-    run = snakemake(tmp_path, config, "report", "--allowed-rules", "report")
+    run = snakemake(tmp_path, config, "report_html", "--allowed-rules", "report", "report_html")
     assert "draftsmith: writing the HTML report" in run.stderr
     outputs = rule_outputs(results)
     for path in outputs.values():
@@ -462,7 +466,7 @@ def test_snakemake_report_shows_every_result(tmp_path):
     assert (tmp_path / "logs" / "report" / "test.log").exists()
     assert (tmp_path / "benchmarks" / "report" / "test.tsv").exists()
 
-    # The hook's report and one written by hand show the same results.
+    # The rule's report and one written by hand show the same results.
     by_hook = report_results((results / "report.html").read_text())
     explicit = subprocess.run(
         snakemake_cmd(tmp_path, tmp_path / "config.yaml", "report", "--allowed-rules", "report")
