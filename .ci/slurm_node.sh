@@ -97,7 +97,9 @@ start() {
   write_configs
   [[ -f /etc/munge/munge.key ]] || mungekey --create
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
-  su -s /bin/sh munge -c "munged --pid-file=$STATE/munged.pid" 2>/dev/null || munged --force --pid-file="$STATE/munged.pid"
+  if ! kill -0 "$(cat "$STATE/munged.pid" 2>/dev/null || echo 0)" 2>/dev/null; then
+    su -s /bin/sh munge -c "munged --pid-file=$STATE/munged.pid" 2>/dev/null || munged --force --pid-file="$STATE/munged.pid"
+  fi
   if [[ ! -d $STATE/db/mysql ]]; then
     mariadb-install-db --user=root --datadir="$STATE/db" >/dev/null
   fi
@@ -121,10 +123,11 @@ start() {
 
 stop() {
   for daemon in slurmd slurmctld slurmdbd mariadbd munged; do
-    local pidfile=$STATE/$daemon.pid
-    if [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      kill "$(cat "$pidfile")"
-      log "stopped $daemon (pid $(cat "$pidfile"))"
+    local pidfile=$STATE/$daemon.pid pid
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      log "stopped $daemon (pid $pid)"
     fi
     rm -f "$pidfile"
   done
