@@ -17,6 +17,11 @@ HOST=$(hostname -s)
 
 log() { echo "slurm_node: $*" >&2; }
 
+running() {  # running PIDFILE: its process is alive
+  local pid
+  pid=$(cat "$1" 2>/dev/null) && [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+}
+
 install() {
   local missing=()
   for tool in slurmctld slurmd slurmdbd munged mariadbd; do
@@ -97,8 +102,8 @@ start() {
   write_configs
   [[ -f /etc/munge/munge.key ]] || mungekey --create
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
-  if ! kill -0 "$(cat "$STATE/munged.pid" 2>/dev/null || echo 0)" 2>/dev/null; then
-    su -s /bin/sh munge -c "munged --pid-file=$STATE/munged.pid" 2>/dev/null || munged --force --pid-file="$STATE/munged.pid"
+  if ! running "$STATE/munged.pid"; then
+    munged --force --pid-file="$STATE/munged.pid"  # as root: it writes its pid file in $STATE
   fi
   if [[ ! -d $STATE/db/mysql ]]; then
     mariadb-install-db --user=root --datadir="$STATE/db" >/dev/null
@@ -125,7 +130,7 @@ stop() {
   for daemon in slurmd slurmctld slurmdbd mariadbd munged; do
     local pidfile=$STATE/$daemon.pid pid
     pid=$(cat "$pidfile" 2>/dev/null || true)
-    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+    if running "$pidfile"; then
       kill "$pid"
       log "stopped $daemon (pid $pid)"
     fi
