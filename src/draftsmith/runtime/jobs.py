@@ -60,17 +60,9 @@ def find_ancestor(marker: str = "snakemake") -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def watch_ancestor(pid: int, interval_s: float = 0.5) -> threading.Thread:
     def watch() -> None:
-        while _alive(pid):
+        while atomic.pid_alive(pid):
             time.sleep(interval_s)
         log.error("snakemake (pid %d) is gone: stopping this job", pid)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -72,14 +72,13 @@ def temp_name(name: str) -> str:
     return temp_prefix(name) + uuid.uuid4().hex[:8]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """A process of this host that exists and is not a zombie (a zombie holds nothing)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True  # alive, someone else's
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def is_stale_temp(path: Path, now: float | None = None) -> bool:
@@ -94,7 +93,7 @@ def is_stale_temp(path: Path, now: float | None = None) -> bool:
         except FileNotFoundError:
             return False
         return age > UNOWNED_STALE_S
-    return owner["host"] == socket.gethostname() and not _pid_alive(int(owner["pid"]))
+    return owner["host"] == socket.gethostname() and not pid_alive(int(owner["pid"]))
 
 
 def remove_temp(path: Path) -> None:
