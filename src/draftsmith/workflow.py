@@ -16,6 +16,17 @@ from draftsmith.serve_bench.command import check_config as check_serve_bench
 from draftsmith.store.plan import Plan, plan_for
 
 
+def _rows(path: Path, limit: int) -> int:
+    """Non-empty lines of a JSONL file, counting no further than `limit`."""
+    count = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if count >= limit:
+                break
+            count += bool(line.strip())
+    return count
+
+
 def configure(config: dict, source: str = "config") -> Plan:
     """Validate `config` in place (defaults filled in) and return its artifact plan."""
     cfg.validate(config, source)
@@ -33,17 +44,18 @@ def _check_shards(config: dict, merged: list[str], source: str) -> None:
     """Refuse more shards than the merged data can have samples, when the sources say so
     up front (JSONL rows, `max_samples`, merge caps); the shard assignment checks the exact
     count later."""
+    shards = config["extract"]["num_shards"]
     most = 0
     for name in merged:
         entry = cfg.dataset_settings(config, name)
         path = Path(entry["path"])
         if not path.is_file() or path.suffix.lower() not in JSONL_SUFFIXES:
             return  # a count needs the data: the shard assignment checks it
-        with open(path, "rb") as handle:
-            rows = sum(1 for line in handle if line.strip())
-        limits = (rows, entry["max_samples"], config["merge"]["caps"].get(name))
-        most += min(n for n in limits if n is not None)
-    shards = config["extract"]["num_shards"]
+        caps = [n for n in (entry["max_samples"], config["merge"]["caps"].get(name)) if n is not None]
+        # Every dry run pays this: stop reading once the shards are known to be fillable.
+        most += _rows(path, min([*caps, shards - most]))
+        if most >= shards:
+            return
     if shards > most:
         raise ConfigError(
             f"{source}: extract.num_shards: {shards} shards, but the merged datasets hold at most "
