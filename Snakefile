@@ -11,8 +11,10 @@ from draftsmith.runtime.resources import (
     hidden_gpus,
     responses_gpus,
     serve_bench_gpus,
+    TRAIN_THREADS,
     tokens_threads,
     train_gpus,
+    train_tasks,
 )
 from draftsmith.store.plan import output_patterns
 from draftsmith.workflow import configure

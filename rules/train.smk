@@ -26,8 +26,9 @@ rule train_segment:
         f"benchmarks/train/{PLAN.train.key}/segment-{{segment}}.tsv"
     conda:
         "../envs/gpu.yaml"
-    threads: 2
+    threads: TRAIN_THREADS
     resources:
+        **train_tasks(config),
         mem_mb=8000,
         gpu=train_gpus(config),
     params:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ from draftsmith import config as cfg
 from draftsmith.draft.vocab import build, count_supervised
 from draftsmith.formats.merged import held_out_ids, id_fraction
 from draftsmith.formats.shards import ShardWriter
+from draftsmith.runtime import slurm
 from draftsmith.target import load as target
 from draftsmith.target.layers import AuxLayers
 from draftsmith.train import data as train_data
@@ -248,6 +252,33 @@ def test_data_parallel_gloo_equals_one_process(spec, tmp_path):
     weights_two = torch.load(tmp_path / "two.pt", weights_only=True)["model"]
     for name, tensor in weights_one.items():
         torch.testing.assert_close(weights_two[name], tensor, rtol=1e-4, atol=1e-4)
+
+
+def test_srun_tasks_take_their_ranks_from_slurm(spec, tmp_path):
+    """Two processes given only what srun gives its tasks (SLURM_PROCID, SLURM_NTASKS,
+    SLURM_LOCALID) and the launcher's rendezvous train exactly as torchrun's two ranks."""
+    two_spec = copy.deepcopy(spec)
+    two_spec["train"]["gpus"] = 2
+    train.launch(two_spec, 0, None, tmp_path / "torchrun.pt", tmp_path / "torchrun.jsonl", world_size=2)
+    job = train.write_rank_job(two_spec, 0, None, tmp_path / "srun.pt", tmp_path / "srun.jsonl")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env |= slurm.rendezvous_env() | {"SLURM_NTASKS": "2", "OMP_NUM_THREADS": "1"}
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "draftsmith.train.loop", str(job), "--slurm"],
+            env=env | {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+        )
+        for rank in range(2)
+    ]
+    assert [task.wait(timeout=300) for task in tasks] == [0, 0]
+    by_torchrun = torch.load(tmp_path / "torchrun.pt", weights_only=True)["model"]
+    by_srun = torch.load(tmp_path / "srun.pt", weights_only=True)["model"]
+    assert all(torch.equal(by_srun[name], tensor) for name, tensor in by_torchrun.items())
+    losses = {
+        run: [(r["step"], r["loss"]) for r in read_records(tmp_path / f"{run}.jsonl")]
+        for run in ("srun", "torchrun")
+    }
+    assert losses["srun"] == losses["torchrun"]
 
 
 def test_lr_warms_up_then_decays_to_zero():

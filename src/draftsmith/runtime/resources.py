@@ -10,6 +10,7 @@ import os
 
 TOKENS_WORKERS = 8
 TOKENS_PARALLEL_BYTES = 1 << 20  # ~1,000 short records: below this one process is quicker
+TRAIN_THREADS = 2  # CPU threads of a training segment job, shared by its ranks
 
 
 def tokens_threads(responses: str) -> int:
@@ -41,6 +42,20 @@ def train_gpus(config: dict) -> int:
     """GPUs one training segment job holds."""
     train = config["train"]
     return train["gpus"] if train["device"] == "cuda" else 0
+
+
+def train_tasks(config: dict) -> dict:
+    """Slurm task layout of a training segment with W > 1 ranks: W tasks started by the
+    job itself with `srun` (`runtime.slurm`), each with its share of the job's CPUs and,
+    on GPUs, one GPU. Resource names are the Slurm executor plugin's; local runs ignore
+    them. One rank needs none."""
+    world = config["train"]["gpus"]
+    if world == 1:
+        return {}
+    tasks = {"tasks": world, "mpi": "srun", "cpus_per_task": max(1, TRAIN_THREADS // world)}
+    if train_gpus(config):
+        tasks["tasks_per_gpu"] = 1
+    return tasks
 
 
 def evaluate_gpus(config: dict) -> int:

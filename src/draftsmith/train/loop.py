@@ -26,11 +26,11 @@ count over the whole global batch, so the result does not depend on how the
 micro-batches are spread over processes: a first pass counts valid positions
 (all-reduced), the second runs forward and backward.
 
-Data parallel: with world size W (`train.gpus`; torchrun, NCCL on GPU, gloo on
-CPU) rank r takes micro-batches r, r+W, ... of each step; gradients are summed
-with all_reduce; every rank then takes the same clipped AdamW step. Rank 0 writes
-checkpoints and metrics. The result equals one process with the same global batch
-up to float summation order.
+Data parallel: with world size W (`train.gpus`; torchrun, or srun tasks inside a
+Slurm allocation; NCCL on GPU, gloo on CPU) rank r takes micro-batches r, r+W, ...
+of each step; gradients are summed with all_reduce; every rank then takes the same
+clipped AdamW step. Rank 0 writes checkpoints and metrics. The result equals one
+process with the same global batch up to float summation order.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import random
+import shlex
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,7 +61,7 @@ from draftsmith.draft.model import (
     valid_positions,
 )
 from draftsmith.errors import DraftsmithError
-from draftsmith.runtime import jobs
+from draftsmith.runtime import jobs, slurm
 from draftsmith.store import atomic
 from draftsmith.target.dtypes import torch_dtype
 from draftsmith.target.load import load_target
@@ -519,7 +520,24 @@ def run_segment(
     return {"step": trainer.step, "records": records, "totals": dict(trainer.totals)}
 
 
-# --- processes: in this one, or a torchrun group -------------------------------------
+# --- processes: in this one, a torchrun group, or srun tasks ------------------------
+def write_rank_job(
+    spec: dict, segment: int, previous: str | Path | None, checkpoint: str | Path, metrics: str | Path
+) -> Path:
+    """The file each rank of a group reads its segment from (a temp beside the checkpoint,
+    which the launcher removes)."""
+    job = {
+        "spec": spec,
+        "segment": segment,
+        "previous": str(previous) if previous else None,
+        "checkpoint": str(checkpoint),
+        "metrics": str(metrics),
+    }
+    job_file = Path(checkpoint).parent / atomic.temp_name(f"segment-{segment:05d}.json")
+    atomic.write_json(job_file, job)
+    return job_file
+
+
 def launch(
     spec: dict,
     segment: int,
@@ -531,51 +549,53 @@ def launch(
     threads: int = 1,
     torchrun: bool | None = None,
 ) -> None:
-    """Run one segment in this process (world size 1) or in `world_size` torchrun processes
+    """Run one segment in this process (world size 1) or in a group of `world_size`
+    processes: srun tasks inside a Slurm allocation (`runtime.slurm`), else torchrun
     (`torchrun` True forces a torchrun group of one, as on a node with one GPU)."""
     if not (world_size > 1 if torchrun is None else torchrun):
         run_segment(spec, segment, previous, checkpoint, metrics)
         return
     from draftsmith.runtime.process import run_guarded
 
-    job = {
-        "spec": spec,
-        "segment": segment,
-        "previous": str(previous) if previous else None,
-        "checkpoint": str(checkpoint),
-        "metrics": str(metrics),
-    }
-    out_dir = Path(checkpoint).parent
-    job_file = out_dir / atomic.temp_name(f"segment-{segment:05d}.json")
-    atomic.write_json(job_file, job)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(world_size),
-        "-m",
-        "draftsmith.train.loop",
-        str(job_file),
-    ]
-    env = {"OMP_NUM_THREADS": str(max(1, threads // world_size)), "PYTHONUNBUFFERED": "1"}
+    job_file = write_rank_job(spec, segment, previous, checkpoint, metrics)
+    rank_threads = max(1, threads // world_size)
+    env = {"OMP_NUM_THREADS": str(rank_threads), "PYTHONUNBUFFERED": "1"}
+    rank = [sys.executable, "-m", "draftsmith.train.loop", str(job_file)]
+    launcher = "srun" if slurm.in_allocation() and torchrun is None else "torchrun"
+    if launcher == "srun":
+        cuda = spec["train"]["device"] == "cuda"
+        cmd = slurm.srun_command(world_size, rank_threads, int(cuda), [*rank, "--slurm"])
+        env |= slurm.rendezvous_env()
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(world_size),
+            *rank[1:],
+        ]
     try:
-        code = run_guarded(cmd, env=env, name=f"torchrun segment {segment}")
+        code = run_guarded(cmd, env=env, name=f"{launcher} segment {segment}")
     finally:
         job_file.unlink(missing_ok=True)
     if code != 0:
-        raise TrainError(f"torchrun for segment {segment} exited with code {code}")
+        raise TrainError(f"{launcher} for segment {segment} exited with code {code}: {shlex.join(cmd)}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of one torchrun rank: `python -m draftsmith.train.loop JOB.json`."""
+    """Entry point of one rank: `python -m draftsmith.train.loop JOB.json [--slurm]` (a
+    torchrun process, or with `--slurm` an srun task)."""
     parser = argparse.ArgumentParser(prog="python -m draftsmith.train.loop")
     parser.add_argument("job", type=Path)
+    parser.add_argument("--slurm", action="store_true", help="take the rank from srun's task variables")
     args = parser.parse_args(argv)
     job = json.loads(args.job.read_text())
+    if args.slurm:
+        os.environ.update(slurm.rank_env(dict(os.environ)))
     dist_env = Dist.from_env()
     logging.basicConfig(
         level=logging.INFO if dist_env.main else logging.WARNING,
@@ -587,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = job["spec"]["train"]["device"] == "cuda"
     if cuda:
-        torch.cuda.set_device(dist_env.local_rank)
+        # torchrun shows a rank every GPU; srun with --gpus-per-task shows it its own.
+        torch.cuda.set_device(dist_env.local_rank % torch.cuda.device_count())
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
         run_segment(job["spec"], job["segment"], job["previous"], job["checkpoint"], job["metrics"], dist_env)
