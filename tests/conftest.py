@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from draftsmith.store import manifest, verify
+from draftsmith.store.hashing import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SOURCE = yaml.safe_load((REPO / "config.yaml").read_text())["model"]["source"]
@@ -176,3 +180,35 @@ def planned_jobs(result) -> dict[str, int]:
             break
         counts[parts[0]] = int(parts[1])
     return counts
+
+
+def finished_files(store: Path) -> dict[Path, str]:
+    """sha256 of every file of every finished artifact, as the store recorded it."""
+    files: dict[Path, str] = {}
+    for path in verify.find_manifests(store):
+        files[path] = sha256_file(path)
+        if path.match(verify.SHARD_INDEX_GLOB):
+            files[path.with_suffix(".bin")] = json.loads(path.read_text())["bin"]["sha256"]
+        else:
+            for name, entry in manifest.read(path)["files"].items():
+                files[path.parent / name] = entry["sha256"]
+    for record in verify.find_records(store):
+        for name, entry in json.loads(record.read_text())["files"].items():
+            files[record.parent.parent / name] = entry["sha256"]
+    return files
+
+
+def changed(files: dict[Path, str]) -> list[Path]:
+    return [p for p, digest in files.items() if not p.exists() or sha256_file(p) != digest]
+
+
+def built_by(works: list[Path]) -> dict[str, list[str]]:
+    """Keyed job -> the checkouts (workdir names) whose job built it rather than finding it
+    already built, from the rule logs."""
+    who: dict[str, list[str]] = {}
+    for work in works:
+        for log in (work / "logs").rglob("*.log"):
+            text = log.read_text()
+            if "finished in" in text and "already built" not in text:
+                who.setdefault(str(log.relative_to(work / "logs")), []).append(work.name)
+    return {job: names for job, names in who.items() if not job.startswith(("report", "hidden_estimate"))}

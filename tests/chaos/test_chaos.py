@@ -22,11 +22,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import pipeline_config, planned_jobs, snakemake, snakemake_cmd
+from conftest import (
+    built_by,
+    changed,
+    finished_files,
+    pipeline_config,
+    planned_jobs,
+    snakemake,
+    snakemake_cmd,
+)
 from fault_proxy import FaultProxy
-
-from draftsmith.store import manifest, verify
-from draftsmith.store.hashing import sha256_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
@@ -34,26 +39,6 @@ SEED = int(os.environ.get("DRAFTSMITH_CHAOS_SEED", "15"))
 KILLS = 30
 DAMAGE_CASES = 8
 JOB_SCRIPT = re.compile(r"\.snakemake/scripts/tmp\w+\.(\w+)\.py")
-
-
-def finished_files(store: Path) -> dict[Path, str]:
-    """sha256 of every file of every finished artifact, as the store recorded it."""
-    files: dict[Path, str] = {}
-    for path in verify.find_manifests(store):
-        files[path] = sha256_file(path)
-        if path.match(verify.SHARD_INDEX_GLOB):
-            files[path.with_suffix(".bin")] = json.loads(path.read_text())["bin"]["sha256"]
-        else:
-            for name, entry in manifest.read(path)["files"].items():
-                files[path.parent / name] = entry["sha256"]
-    for record in verify.find_records(store):
-        for name, entry in json.loads(record.read_text())["files"].items():
-            files[record.parent.parent / name] = entry["sha256"]
-    return files
-
-
-def changed(files: dict[Path, str]) -> list[Path]:
-    return [p for p, digest in files.items() if not p.exists() or sha256_file(p) != digest]
 
 
 def running_jobs(work: Path) -> dict[int, str]:
@@ -288,13 +273,7 @@ def test_two_checkouts_on_an_empty_store_both_finish_and_build_once(tmp_path, de
     for journal in store.glob("responses/*/*/journal.jsonl"):
         ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
         journals_once &= len(ids) == len(set(ids)) > 0
-    built_by: dict[str, list[str]] = {}
-    for work in works:
-        for log in (work / "logs").rglob("*.log"):
-            text = log.read_text()
-            if "finished in" in text and "already built" not in text:
-                built_by.setdefault(str(log.relative_to(work / "logs")), []).append(work.name)
-    keyed = {job: who for job, who in built_by.items() if not job.startswith(("report", "hidden_estimate"))}
+    keyed = built_by(works)
     once = bool(keyed) and all(len(who) == 1 for who in keyed.values())
     verified = draftsmith("verify", "--configfile", str(works[0] / "config.yaml")).returncode == 0
     passed = finished and journals_once and once and verified
