@@ -7,7 +7,7 @@
 #   .ci/slurm_node.sh stop    stop the daemons this script started, by pid
 #
 # Accounting (slurmdbd on mariadb) is on so `sacct` answers; the profile asks the
-# executor plugin to poll `squeue` instead (see profiles/slurm/config.yaml), and
+# executor plugin to poll `squeue` instead (see profiles/slurm/profile.yaml), and
 # MinJobAge keeps finished jobs in squeue long enough for that.
 set -euo pipefail
 
