@@ -1,5 +1,6 @@
 # Evaluate: held-out prompts decoded by the target alone and with the exported SGLang
-# draft (chain speculative decoding, greedy, checked lossless against the target).
+# draft (chain and tree speculative decoding, greedy, checked lossless against the
+# target), and the fastest setting recommended as SGLang launch flags.
 # A prompt set that overlaps the training prompts fails. Logic: src/draftsmith/evaluate/.
 
 

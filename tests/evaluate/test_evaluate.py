@@ -4,6 +4,7 @@ the benchmark files."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -25,6 +26,8 @@ from draftsmith.evaluate.stage import (
     benchmark_sets,
     evaluate,
     export_aux_layers,
+    recommend,
+    sglang_launch,
     vocab_coverage,
 )
 from draftsmith.export.formats import export_sglang, load_sglang_export
@@ -38,6 +41,7 @@ from draftsmith.formats.prompt_sets import (
     training_prompts,
 )
 from draftsmith.model.stage import describe
+from draftsmith.runtime.sglang import Speculation
 from draftsmith.store import atomic
 from draftsmith.store.plan import plan_for
 from draftsmith.target import load as target
@@ -51,6 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["Repeat the word hello ten times.", "Name three colours of the rainbow."]
 REPEATED = [28, 33662]  # "," and " hello" in the demo vocabulary
 MAX_NEW = 20
+TREE = {"num_steps": 2, "topk": 2, "num_draft_tokens": 4}  # topk <= the exported draft's 2 tokens
 MODEL_CFG = {
     "trust_remote_code": False,
     "probe_generation": False,
@@ -144,7 +149,7 @@ def test_speculative_is_lossless_and_counts_add_up(model, draft, aux, heldout, s
     for run, expected in zip(runs, greedy_outputs, strict=True):
         assert run.tokens == expected
         assert all(0 <= r <= k for r in run.reach)
-    stats = _acceptance(runs, k)  # raises unless AL == 1 + sum(p_i)
+    stats = _acceptance(runs, k, "per_position")  # raises unless AL == 1 + sum(p_i)
     assert 1 <= stats["acceptance_length"] <= k + 1
     assert stats["acceptance_length"] == pytest.approx(1 + sum(stats["per_position"]))
     assert stats["per_position"] == sorted(stats["per_position"], reverse=True)
@@ -279,6 +284,80 @@ def test_broken_verification_is_caught_with_prompt_and_position(
     assert re.search(r"top-2 logit margin there: [0-9.e+-]+", message)
 
 
+def test_broken_tree_verification_is_caught_with_the_tree_named(
+    model, draft, aux, heldout, stops, greedy_outputs
+):
+    def deepest_path(tree: sd.DraftTree, _best: list[int]) -> list[int]:
+        """The path to the deepest node, whatever the target says."""
+        depths = tree.depths()
+        node, path = max(range(len(depths)), key=depths.__getitem__), []
+        while node >= 0:
+            path.insert(0, node + 1)
+            node = tree.parents[node]
+        return [0, *path]
+
+    settings = Settings(
+        k=[], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0, trees=[Speculation(**TREE)]
+    )
+    ids = heldout[1].input_ids
+    broken = sd.tree_speculative(model, draft, aux, ids, *TREE.values(), MAX_NEW, stops, deepest_path)
+    at = next(i for i, (a, b) in enumerate(zip(greedy_outputs[1], broken.tokens, strict=False)) if a != b)
+    with pytest.raises(LosslessError) as caught:
+        benchmark_sets(model, draft, aux, {"tiny": heldout[1:]}, settings, accept_tree=deepest_path)
+    message = str(caught.value)
+    assert f"prompt set 'tiny' prompt {heldout[1].id}, tree 2/2/4: speculative output differs" in message
+    assert f"position {at}: greedy {greedy_outputs[1][at]}, speculative {broken.tokens[at]}" in message
+
+
+def _minimal_config(**evaluate) -> dict:
+    return cfg.validate(
+        {
+            "experiment": "x",
+            "model": {"source": {"kind": "gguf", "path": "m.gguf"}},
+            "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
+            "evaluate": {"enabled": False, **evaluate},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("tree_speedups", "setting", "flags"),
+    [
+        # k=3 wins set a, the tree set b; the tree on the mean: (1.5 + 2.0) / 2 > (1.9 + 1.2) / 2.
+        ((1.5, 2.0), "tree 3/2/6", ["3", "2", "6"]),
+        ((1.5, 1.0), "k=3", ["3", "1", "4"]),  # a chain of k is S=k, T=1, N=k+1
+    ],
+)
+def test_recommended_is_the_best_mean_speedup_with_its_sglang_flags(tree_speedups, setting, flags):
+    settings = Settings(k=[1, 3], max_new_tokens=8, stops=[], warmup_prompts=0, trees=[Speculation(3, 2, 6)])
+    speedups = {"a": {"k=1": 1.2, "k=3": 1.9}, "b": {"k=1": 1.1, "k=3": 1.2}}
+    speedups["a"]["tree 3/2/6"], speedups["b"]["tree 3/2/6"] = tree_speedups
+    prompt_sets = {name: {"by_k": {}, "by_tree": {}} for name in speedups}
+    for measured in settings.measured:
+        section, key = measured.entry
+        for name, entry in prompt_sets.items():
+            entry[section][key] = {"speedup": speedups[name][measured.label]}
+    config = _minimal_config()
+    launches = {measured: sglang_launch(config, measured) for measured in settings.measured}
+    placeholders = {"TARGET_MODEL": "/models/target", "DRAFT_DIR": "artifacts/export/0123/sglang"}
+    recommended = recommend(prompt_sets, launches, placeholders)
+    means = {label: (speedups["a"][label] + speedups["b"][label]) / 2 for label in speedups["a"]}
+    assert recommended["setting"] == setting == max(means, key=means.get)
+    assert recommended["mean_speedup"] == pytest.approx(means[setting])
+    names = ["--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"]
+    expected = ["--speculative-algorithm", "EAGLE3"] + [
+        a for pair in zip(names, flags, strict=True) for a in pair
+    ]
+    assert recommended["flags"] == expected
+    assert [recommended[key] for key in ("num_steps", "topk", "num_draft_tokens")] == [int(f) for f in flags]
+    command = recommended["command"]
+    assert command.startswith('python3 -m sglang.launch_server --model-path "$TARGET_MODEL" ')
+    assert '--speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT_DIR" ' in command
+    assert command.endswith(" ".join(expected[2:]))
+    assert recommended["placeholders"] == placeholders
+    assert recommended["checked_by_sglang"] is (importlib.util.find_spec("sglang") is not None)
+
+
 # --- prompt sets and overlap ---------------------------------------------------------
 def _eval_prompt(prompt_id: str, text: str) -> EvalPrompt:
     return EvalPrompt(prompt_id, 1, [{"role": "user", "content": text}], [])
@@ -345,6 +424,7 @@ def _stage_setup(tmp: Path, demo_model_dir: Path, model_info: dict, export_dir: 
             "datasets": {"chat": {"path": str(data), "format": "prompt"}},
             "evaluate": {
                 "k": [1, 2],
+                "trees": [TREE],
                 "max_new_tokens": 8,
                 "warmup_prompts": 1,
                 "prompt_sets": {"tiny": {"path": str(set_path)}},
@@ -377,12 +457,14 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
         "dtype",
         "max_new_tokens",
         "k",
+        "trees",
         "wall_s",
         "lossless",
         "prompt_sets",
+        "recommended",
     }
     assert bench["key"] == plan_for(config).evaluate.key and bench["lossless"] is True
-    assert bench["k"] == [1, 2] and bench["device"].startswith("cpu")
+    assert bench["k"] == [1, 2] and bench["trees"] == [TREE] and bench["device"].startswith("cpu")
     tiny = bench["prompt_sets"]["tiny"]
     assert tiny["prompts"] == len(PROMPTS)
     assert 0.0 <= tiny["draft_vocab_coverage"] <= 1.0
@@ -402,10 +484,53 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
         assert len(result["per_position"]) == int(k)
         assert result["tokens"] == tiny["baseline"]["tokens"]  # lossless: the same outputs
         assert result["speedup"] == pytest.approx(result["tokens_per_s"] / tiny["baseline"]["tokens_per_s"])
+    assert set(tiny["by_tree"]) == {"2-2-4"}
+    tree = tiny["by_tree"]["2-2-4"]
+    assert set(tree) == {
+        "num_steps",
+        "topk",
+        "num_draft_tokens",
+        "acceptance_length",
+        "per_depth",
+        "verify_steps",
+        "tokens",
+        "seconds",
+        "tokens_per_s",
+        "speedup",
+    }
+    assert {key: tree[key] for key in TREE} == TREE
+    assert (
+        len(tree["per_depth"]) == TREE["num_steps"] and tree["per_depth"] == sorted(tree["per_depth"])[::-1]
+    )
+    assert tree["acceptance_length"] == pytest.approx(1 + sum(tree["per_depth"]))
+    assert 1 <= tree["acceptance_length"] <= TREE["num_steps"] + 1
+    # Every token after each prompt's first (the prefill's) came from a verify step.
+    assert tree["acceptance_length"] * tree["verify_steps"] == pytest.approx(tree["tokens"] - len(PROMPTS))
+    assert tree["tokens"] == tiny["baseline"]["tokens"]
+    assert tree["speedup"] == pytest.approx(tree["tokens_per_s"] / tiny["baseline"]["tokens_per_s"])
+    speedups = {"k=1": tiny["by_k"]["1"], "k=2": tiny["by_k"]["2"], "tree 2/2/4": tree}
+    best = max(speedups, key=lambda label: speedups[label]["speedup"])  # one prompt set: its mean
+    recommended = bench["recommended"]
+    assert recommended["setting"] == best and recommended["mean_speedup"] == speedups[best]["speedup"]
+    steps, topk, tokens = (recommended[key] for key in ("num_steps", "topk", "num_draft_tokens"))
+    assert f"--speculative-num-steps {steps} --speculative-eagle-topk {topk} " in recommended["command"]
+    assert recommended["placeholders"]["DRAFT_DIR"] == str(
+        plan_for(config).export.path("sglang_config").parent
+    )
     rows = list(atomic.read_jsonl(outputs["per_prompt"]))
-    assert len(rows) == len(PROMPTS) * 3 and {r["k"] for r in rows} == {0, 1, 2}
+    assert len(rows) == len(PROMPTS) * 4 and {r["k"] for r in rows} == {0, 1, 2, None}
+    assert {(r["setting"], r["k"]) for r in rows} == {
+        ("baseline", 0),
+        ("k=1", 1),
+        ("k=2", 2),
+        ("tree 2/2/4", None),
+    }
     table = Path(outputs["md"]).read_text()
-    assert "## tiny (2 prompts)" in table and table.count("x |") == 2
+    assert "## tiny (2 prompts)" in table and table.count("x |") == 3
+    assert "| 2/2/4 | " in table and f"Best: {best}, " in table
+    assert "## Recommended SGLang settings" in table and recommended["command"] in table
+    slower = "No setting beat the target alone here" in table
+    assert slower is (recommended["mean_speedup"] <= 1)
     assert f"coverage of the target's output: {100 * tiny['draft_vocab_coverage']:.1f}%" in table
     written = json.loads(Path(outputs["manifest"]).read_text())["files"]
     assert set(written) == {"benchmark.json", "benchmark.md", "per_prompt.jsonl"}

@@ -25,6 +25,7 @@ from evaluate.test_evaluate import (  # noqa: F401 (fixtures)
 from draftsmith.draft import vocab
 from draftsmith.draft.model import Eagle3Draft
 from draftsmith.evaluate import spec_decode as sd
+from draftsmith.evaluate.settings import max_draft_tokens
 
 # (num_steps, topk, num_draft_tokens); the exported draft has two tokens, so topk <= 2.
 EXPORT_SETTINGS = [(2, 2, 4), (3, 2, 6), (3, 2, 11), (1, 2, 3)]
@@ -141,7 +142,7 @@ def test_batched_tree_paths_compute_what_the_chain_would(model, sensitive, aux, 
         state = sd.DraftState(sensitive, len(prompt) + 8)
         hidden = state.extend(states, next_tokens)
         tree = sd.grow_tree(state, hidden, num_steps, topk)
-        assert len(tree.tokens) == sd.max_draft_tokens(num_steps, topk) - 1
+        assert len(tree.tokens) == max_draft_tokens(num_steps, topk) - 1
         depths = tree.depths()
         assert max(depths) == num_steps
         for node in range(len(tree.tokens)):

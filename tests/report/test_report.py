@@ -44,7 +44,9 @@ FIGURES = {
 
 # --- test inputs ---------------------------------------------------------------------
 def fixture_benchmark(lossless: bool = True) -> dict:
-    """A test input in rule `evaluate`'s benchmark.json schema: two prompt sets, k = 1..3."""
+    """A test input in rule `evaluate`'s benchmark.json schema: two prompt sets, k = 1..3 and
+    two trees; tree 3/2/6 is fastest in `chat` (2.60x), k=3 in `code` (1.70x), the tree on the
+    mean (2.05x against k=3's 2.00x)."""
 
     def result(k: int, accept: float) -> dict:
         per_position = [round(accept**j, 4) for j in range(1, k + 1)]
@@ -61,13 +63,46 @@ def fixture_benchmark(lossless: bool = True) -> dict:
             "speedup": round(8.0 / seconds, 4),
         }
 
-    def prompt_set(prompts: int, accept: float) -> dict:
+    def tree(num_steps: int, topk: int, num_draft_tokens: int, speedup: float) -> dict:
+        per_depth = [round(0.8**d, 4) for d in range(1, num_steps + 1)]
+        seconds = round(8.0 / speedup, 3)
+        return {
+            "num_steps": num_steps,
+            "topk": topk,
+            "num_draft_tokens": num_draft_tokens,
+            "acceptance_length": 1 + sum(per_depth),
+            "per_depth": per_depth,
+            "verify_steps": round(96 / (1 + sum(per_depth))),
+            "tokens": 96,
+            "seconds": seconds,
+            "tokens_per_s": round(96 / seconds, 3),
+            "speedup": speedup,
+        }
+
+    def prompt_set(prompts: int, accept: float, tree_speedups: tuple[float, float]) -> dict:
         return {
             "prompts": prompts,
             "baseline": {"tokens": 96, "seconds": 8.0, "tokens_per_s": 12.0},
             "by_k": {str(k): result(k, accept) for k in (1, 2, 3)},
+            "by_tree": {"3-2-6": tree(3, 2, 6, tree_speedups[0]), "4-4-8": tree(4, 4, 8, tree_speedups[1])},
             "draft_vocab_coverage": 0.9375,
         }
+
+    flags = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"]
+    flags += ["--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
+    recommended = {
+        "setting": "tree 3/2/6",
+        "num_steps": 3,
+        "topk": 2,
+        "num_draft_tokens": 6,
+        "mean_speedup": 2.05,
+        "flags": flags,
+        "command": 'python3 -m sglang.launch_server --model-path "$TARGET_MODEL" --host 127.0.0.1 '
+        '--port 30000 --tp-size 1 --speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT_DIR" '
+        "--speculative-num-steps 3 --speculative-eagle-topk 2 --speculative-num-draft-tokens 6",
+        "placeholders": {"TARGET_MODEL": "/models/target", "DRAFT_DIR": "artifacts/export/0123/sglang"},
+        "checked_by_sglang": False,
+    }
 
     return {
         "key": "0123456789abcdef",
@@ -75,9 +110,14 @@ def fixture_benchmark(lossless: bool = True) -> dict:
         "dtype": "float32",
         "max_new_tokens": 32,
         "k": [1, 2, 3],
+        "trees": [
+            {"num_steps": 3, "topk": 2, "num_draft_tokens": 6},
+            {"num_steps": 4, "topk": 4, "num_draft_tokens": 8},
+        ],
         "wall_s": 41.25,
         "lossless": lossless,
-        "prompt_sets": {"chat": prompt_set(3, 0.7), "code": prompt_set(2, 0.5)},
+        "prompt_sets": {"chat": prompt_set(3, 0.7, (2.6, 1.2)), "code": prompt_set(2, 0.5, (1.5, 1.0))},
+        "recommended": recommended,
     }
 
 
@@ -306,8 +346,25 @@ def test_summary_holds_the_input_numbers():
             row = table_row(part, k)
             assert row[1] == f"{result['acceptance_length']:.2f}" and row[2] == str(int(k) + 1)
             assert row[7] == f"{result['tokens_per_s']:.1f}" and row[8] == f"{result['speedup']:.2f}x"
-        best_k, best = max(prompt_set["by_k"].items(), key=lambda item: item[1]["speedup"])
-        assert f"Best: k={best_k}, {best['speedup']:.2f}x" in part
+        for result in prompt_set["by_tree"].values():
+            shape = f"{result['num_steps']}/{result['topk']}/{result['num_draft_tokens']}"
+            row = table_row(part, shape)
+            assert row[1] == f"{result['acceptance_length']:.2f}" and row[2] == str(result["num_steps"] + 1)
+            assert row[3] == " / ".join(f"{p:.2f}" for p in result["per_depth"])
+            assert row[6] == f"{result['tokens_per_s']:.1f}" and row[7] == f"{result['speedup']:.2f}x"
+    # The best line covers both kinds: a tree wins `chat`, a chain `code`.
+    best_k, best = max(benchmark["prompt_sets"]["code"]["by_k"].items(), key=lambda item: item[1]["speedup"])
+    assert best["speedup"] > 1.5 and f"Best: k={best_k}, {best['speedup']:.2f}x" in section(
+        text, "Prompt set `code`"
+    )
+    assert "Best: tree 3/2/6, 2.60x" in section(text, "Prompt set `chat`")
+    assert "trees (num_steps/topk/num_draft_tokens) 3/2/6, 4/4/8" in text
+    recommended = section(text, "Recommended SGLang settings")
+    assert "tree 3/2/6: the best speed-up over the prompt sets, 2.05x" in recommended
+    assert f"`{' '.join(benchmark['recommended']['flags'])}`" in recommended
+    assert f"`{benchmark['recommended']['command']}`" in recommended
+    assert "`artifacts/export/0123/sglang`" in recommended and "own argument parser: no" in recommended
+    assert "No setting beat the target alone" not in recommended  # 2.05x
 
 
 def test_a_lossy_benchmark_is_flagged():
@@ -325,8 +382,12 @@ def test_html_pages_render_the_report_tables():
     assert "a&lt;b&gt;&amp;c" in page and "<b>" not in page  # cells are escaped
     assert "<code>fedcba9876543210</code>" in page
     summary = to_html(summary_text(fixture_benchmark()), "Benchmark")
-    assert "<strong>Lossless: yes.</strong>" in summary and summary.count("<table>") == 6
+    # Data, estimate, training (2), then per prompt set the chain and the tree table.
+    assert "<strong>Lossless: yes.</strong>" in summary and summary.count("<table>") == 8
     assert "<h2>Prompt set <code>chat</code> (3 prompts)</h2>" in summary
+    assert "<th>tree (num_steps/topk/num_draft_tokens)</th>" in summary
+    assert "<h2>Recommended SGLang settings</h2>" in summary
+    assert "--speculative-eagle-topk 2 --speculative-num-draft-tokens 6</code>" in summary
 
 
 def test_build_report_writes_every_output(tmp_path):
@@ -339,6 +400,7 @@ def test_build_report_writes_every_output(tmp_path):
     assert "# Benchmark report: test" in Path(outputs["summary"]).read_text()
     assert "<td>2,048</td>" in Path(outputs["estimate_html"]).read_text()  # estimated tokens
     assert "<td>601</td>" in Path(outputs["data_report_html"]).read_text()  # supervised total
+    assert "<h2>Recommended SGLang settings</h2>" in Path(outputs["summary_html"]).read_text()
 
 
 def test_report_without_built_in_evaluation_shows_the_serving_benchmark(tmp_path):

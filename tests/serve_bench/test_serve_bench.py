@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from conftest import write_rows, write_training
 from draftsmith.errors import ConfigError, ServerError
 from draftsmith.formats.prompt_sets import OverlapError
 from draftsmith.runtime.process import free_port
+from draftsmith.runtime.sglang import Speculation
 from draftsmith.serve_bench import metrics
 from draftsmith.serve_bench.command import (
     ServeBenchError,
@@ -28,6 +30,7 @@ from draftsmith.serve_bench.command import (
     check_draft,
     check_environment,
     check_extra_args,
+    check_launch,
     serving_context,
 )
 from draftsmith.serve_bench.stage import (
@@ -117,6 +120,52 @@ def test_sglang_parses_the_commands(tmp_path):
         assert (args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (
             (1, k + 1) if k else (None, None)
         )
+
+
+TREE_FLAGS = Speculation(3, 2, 6).flags("EAGLE3", DRAFT)
+
+
+def test_check_launch_without_sglang_knows_the_flags(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)  # not importable, installed or not
+    assert check_launch(BASE + TREE_FLAGS, TREE_FLAGS) is False
+    with pytest.raises(ServeBenchError, match=r"\['--speculative-tree-width'\]: not SGLang launch flags"):
+        check_launch(BASE + ["--speculative-tree-width", "2"], ["--speculative-tree-width", "2"])
+
+
+def _sglang_stand_in(monkeypatch, topk_type) -> None:
+    """`sglang.srt.server_args.ServerArgs.add_cli_args` with SGLang's spellings of the flags built here."""
+
+    class ServerArgs:
+        @staticmethod
+        def add_cli_args(parser) -> None:
+            parser.add_argument("--model-path", required=True)
+            for flag in ("--host", "--speculative-algorithm", "--speculative-draft-model-path"):
+                parser.add_argument(flag)
+            for flag in ("--port", "--tp-size", "--speculative-num-steps", "--speculative-num-draft-tokens"):
+                parser.add_argument(flag, type=int)
+            parser.add_argument("--speculative-eagle-topk", type=topk_type)
+
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    module = types.ModuleType("sglang.srt.server_args")
+    module.ServerArgs = ServerArgs
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+
+def test_check_launch_has_sglangs_parser_read_the_command(monkeypatch):
+    _sglang_stand_in(monkeypatch, int)
+    assert check_launch(BASE + TREE_FLAGS, TREE_FLAGS) is True
+    with pytest.raises(ServeBenchError, match="SGLang's argument parser refuses"):
+        check_launch(BASE + TREE_FLAGS + ["--no-such-flag"], TREE_FLAGS)
+    _sglang_stand_in(monkeypatch, lambda _value: 1)  # a parser that reads another topk than given
+    with pytest.raises(ServeBenchError, match="SGLang reads --speculative-eagle-topk 2 as 1"):
+        check_launch(BASE + TREE_FLAGS, TREE_FLAGS)
+
+
+def test_sglang_reads_a_tree_launch():
+    """Where SGLang is importable (not in the project venv), its own parser checks a tree's flags."""
+    pytest.importorskip("sglang.srt.server_args", reason="sglang is not installed here")
+    assert check_launch(BASE + TREE_FLAGS, TREE_FLAGS) is True
 
 
 # --- refusals ---------------------------------------------------------------------------

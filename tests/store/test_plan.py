@@ -485,6 +485,8 @@ def late_keys(plan: Plan) -> dict[str, str]:
     ("section", "field", "value"),
     [
         ("evaluate", "k", [1, 3]),
+        ("evaluate", "trees", [{"num_steps": 2, "topk": 2, "num_draft_tokens": 5}]),
+        ("evaluate", "trees", []),  # trees off
         ("evaluate", "max_new_tokens", 32),
         ("evaluate", "device", "cuda"),  # tokens/s are part of the result
         ("evaluate", "dtype", "bfloat16"),

@@ -325,3 +325,26 @@ def test_more_shards_than_the_data_can_fill_is_refused_before_any_work(raw, monk
         configure(copy.deepcopy(raw))
     raw["extract"]["num_shards"] = 4
     configure(raw)
+
+
+def test_evaluate_trees_default_and_bad_trees_are_refused_with_their_key_path(raw, monkeypatch, tmp_path):
+    from draftsmith.workflow import configure
+
+    assert cfg.load(DEFAULT_CONFIG)["evaluate"]["trees"] == [
+        {"num_steps": 3, "topk": 2, "num_draft_tokens": 6},
+        {"num_steps": 4, "topk": 4, "num_draft_tokens": 8},
+    ]
+    monkeypatch.chdir(REPO)
+    raw["artifacts_dir"] = str(tmp_path / "artifacts")
+    good = {"num_steps": 2, "topk": 2, "num_draft_tokens": 7}  # 1 + 2 + 2*2 = 7 nodes at most
+    for bad, message in [
+        ({"num_steps": 2, "topk": 2, "num_draft_tokens": 8}, "num_draft_tokens must be between 2 and 7"),
+        ({"num_steps": 3, "topk": 1, "num_draft_tokens": 3}, "topk 1 is a chain, which SGLang runs with"),
+    ]:
+        raw["evaluate"]["trees"] = [good, bad]
+        with pytest.raises(ConfigError, match=rf"^config: evaluate.trees\[1\]: {message}"):
+            configure(copy.deepcopy(raw))
+    raw["evaluate"]["trees"] = [{"num_steps": 2, "topk": 0, "num_draft_tokens": 4}]
+    assert "evaluate.trees.0.topk" in error_of(raw)  # the schema's own bounds
+    raw["evaluate"]["trees"] = [good]
+    configure(raw)

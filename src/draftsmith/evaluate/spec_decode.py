@@ -41,6 +41,7 @@ from transformers import DynamicCache
 
 from draftsmith.draft.model import Eagle3Draft
 from draftsmith.draft.vocab import draft_to_target
+from draftsmith.evaluate.settings import check_tree  # torch-free: config validation uses it
 from draftsmith.target.layers import AuxLayers
 
 # Proposals and the target's argmax at each verified position -> proposals accepted.
@@ -321,26 +322,6 @@ def _speculative(
         token = emitted[-1]
 
 
-def max_draft_tokens(num_steps: int, topk: int) -> int:
-    """The most nodes a tree round can verify, root included: topk children of the root,
-    then at each further step the topk children of each of the topk frontier nodes."""
-    return 1 + topk + (num_steps - 1) * topk * topk
-
-
-def check_tree(num_steps: int, topk: int, num_draft_tokens: int) -> None:
-    """Raise ValueError unless the settings describe a tree `tree_speculative` can build."""
-    if topk < 1:
-        raise ValueError(f"topk must be >= 1, got {topk}")
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-    most = max_draft_tokens(num_steps, topk)
-    if not 2 <= num_draft_tokens <= most:
-        raise ValueError(
-            f"num_draft_tokens must be between 2 and {most} (the root plus the nodes a tree of "
-            f"num_steps={num_steps}, topk={topk} generates), got {num_draft_tokens}"
-        )
-
-
 @dataclass
 class DraftTree:
     """Tree nodes: target token, parent (an earlier node; -1 is the root, the last accepted
@@ -355,6 +336,11 @@ class DraftTree:
         for parent in self.parents:
             depths.append(1 + (depths[parent] if parent >= 0 else 0))
         return depths
+
+
+# The tree verified and the target's argmax at the root and each node -> the accepted path
+# (flat positions, see `accepted_path`).
+TreeAcceptFn = Callable[[DraftTree, list[int]], list[int]]
 
 
 def _top(state: DraftState, hidden: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -466,6 +452,7 @@ def tree_speculative(
     num_draft_tokens: int,
     max_new_tokens: int,
     stops: Sequence[int],
+    accept: TreeAcceptFn = accepted_path,
 ) -> Decoded:
     """Tree speculative decoding (EAGLE-2 / SGLang settings; greedy, lossless).
 
@@ -474,14 +461,15 @@ def tree_speculative(
     under a tree mask, and the deepest path agreeing with the target's argmax is accepted
     plus the target's next token. `reach` holds the accepted depth per verify step, as
     for `speculative`; topk=1 with num_draft_tokens = num_steps + 1 is its chain of k =
-    num_steps.
+    num_steps. `accept` replaces the path rule (tests break verification with it).
     """
     check_tree(num_steps, topk, num_draft_tokens)
     if topk > draft.config.draft_vocab_size:
         raise ValueError(f"topk={topk} exceeds the draft vocabulary ({draft.config.draft_vocab_size} tokens)")
     shape = (num_steps, topk, num_draft_tokens)
     with AuxHooks(model, aux) as hooks:
-        return _tree_speculative(model, hooks, draft, list(prompt_ids), shape, max_new_tokens, set(stops))
+        prompt = list(prompt_ids)
+        return _tree_speculative(model, hooks, draft, prompt, shape, max_new_tokens, set(stops), accept)
 
 
 def _tree_speculative(
@@ -492,6 +480,7 @@ def _tree_speculative(
     shape: tuple[int, int, int],
     max_new_tokens: int,
     stop_set: set[int],
+    accept: TreeAcceptFn,
 ) -> Decoded:
     num_steps, topk, num_draft_tokens = shape
     device = model.device
@@ -507,7 +496,7 @@ def _tree_speculative(
         tree = _select(grow_tree(state, hidden, num_steps, topk), num_draft_tokens - 1)
         prefix = cache.get_seq_length()
         best = verify_tree(model, cache, token, tree).argmax(-1).tolist()
-        path = accepted_path(tree, best)
+        path = accept(tree, best)
         emitted = [tree.tokens[i - 1] for i in path[1:]] + [best[path[-1]]]
         kept, done = _keep(emitted, max_new_tokens - len(result.tokens), stop_set)
         result.tokens += kept

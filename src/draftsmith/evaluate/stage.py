@@ -1,16 +1,38 @@
 """Rule `evaluate`: held-out prompts decoded by the target alone and with the exported draft.
 
-Per prompt set and chain length k: acceptance length (AL), per-position acceptance,
+Per prompt set and setting (each chain length k of `evaluate.k`, each tree of
+`evaluate.trees`): acceptance length (AL), acceptance per chain position or tree depth,
 tokens/s with and without the draft and the speed-up, every speculative output checked
 token for token against the target's own greedy output. Outputs: `benchmark.json`
-(schema below, read by the plotting code), `benchmark.md`, `per_prompt.jsonl` (baseline
-rows carry k = 0 and no verify steps) and `manifest.json`.
+(schema below, read by the report), `benchmark.md`, `per_prompt.jsonl` (one row per
+prompt and setting; `setting` is "baseline", "k=3" or "tree 3/2/6"; `k` is the chain's
+k, 0 for the baseline, null for a tree; baseline rows have no verify steps) and
+`manifest.json`.
 
-benchmark.json: {key, device, dtype, max_new_tokens, k, wall_s, lossless, prompt_sets:
-{name: {prompts, baseline: {tokens, seconds, tokens_per_s}, by_k: {"<k>":
-{acceptance_length, acceptance_rate, per_position, verify_steps, tokens, seconds,
-tokens_per_s, speedup}}}}}. Tokens count every generated token; AL counts the tokens
-of verify steps (see spec_decode), so AL = 1 + sum(per_position) holds exactly.
+benchmark.json: {key, device, dtype, max_new_tokens, k, trees: [{num_steps, topk,
+num_draft_tokens}], wall_s, lossless, prompt_sets: {name: {prompts, draft_vocab_coverage,
+baseline: {tokens, seconds, tokens_per_s}, by_k: {"<k>": {acceptance_length,
+acceptance_rate, per_position, verify_steps, tokens, seconds, tokens_per_s, speedup}},
+by_tree: {"<num_steps>-<topk>-<num_draft_tokens>": {num_steps, topk, num_draft_tokens,
+acceptance_length, per_depth, verify_steps, tokens, seconds, tokens_per_s, speedup}}}},
+recommended: {setting, num_steps, topk, num_draft_tokens, mean_speedup, flags, command,
+placeholders: {TARGET_MODEL, DRAFT_DIR}, checked_by_sglang}}.
+
+Tokens count every generated token; AL counts the tokens of verify steps (see
+spec_decode): per_position[i-1] (per_depth[d-1]) is the share of verify steps that
+accepted at least i proposals (a path d deep), so AL = 1 + sum(per_position) (+ sum
+(per_depth)) holds exactly; a tree's AL is at most num_steps + 1.
+
+`recommended` is the setting, chain or tree, with the highest mean over the prompt sets
+of the per-set speed-ups (the earlier of equals: chains in k order, then trees in config
+order), as SGLang flags (a chain of k is num_steps k, topk 1, k+1 draft tokens) and an
+example `sglang.launch_server` command line built by the serving benchmark's builder from
+`serve_benchmark.sglang` (python, tp_size, memory, context, extra args; port 30000 when
+unset), with "$TARGET_MODEL" and "$DRAFT_DIR" standing for the target and the export's
+`sglang/` directory (`placeholders` gives this run's: the evaluated target, the planned
+export). `checked_by_sglang` says whether SGLang's own argument parser read it (only
+where SGLang is importable; elsewhere the flags are checked against the ones the builder
+knows).
 """
 
 from __future__ import annotations
@@ -19,24 +41,36 @@ import json
 import logging
 import math
 import os
+import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
+from statistics import fmean
 from typing import TYPE_CHECKING
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.evaluate.settings import (
+    best_result,
+    chain_label,
+    recommendation_markdown,
+    tree_key,
+    tree_label,
+    tree_text,
+)
 from draftsmith.export import AUX_LAYER_CONVENTION, SGLANG, load_sglang_export
 from draftsmith.formats.markdown import coverage_sentence
 from draftsmith.formats.prompt_sets import EvalPrompt, check_overlap, load_prompt_set, training_prompts
 from draftsmith.runtime import gpus, jobs
 from draftsmith.runtime.resources import evaluate_gpus
+from draftsmith.runtime.sglang import Speculation
+from draftsmith.serve_bench import EAGLE3, check_launch, launch_command
 from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import EXPORT_FILES, plan_for
 from draftsmith.target import load as target
 
 if TYPE_CHECKING:
     from draftsmith.draft.model import Eagle3Draft
-    from draftsmith.evaluate.spec_decode import AcceptFn, Decoded
+    from draftsmith.evaluate.spec_decode import AcceptFn, Decoded, TreeAcceptFn
     from draftsmith.target.layers import AuxLayers
 
 log = logging.getLogger(__name__)
@@ -50,12 +84,39 @@ class LosslessError(EvaluationError):
     """Speculative decoding produced other tokens than the target's own greedy decoding."""
 
 
+BASELINE = "baseline"
+# The recommended command's placeholders and the port it shows when serve_benchmark sets none.
+TARGET_MODEL, DRAFT_DIR = "TARGET_MODEL", "DRAFT_DIR"
+EXAMPLE_PORT = 30000  # SGLang's default
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One speculative setting measured: a chain of `k`, or (k None) a tree."""
+
+    label: str
+    spec: Speculation
+    k: int | None = None
+
+    @property
+    def entry(self) -> tuple[str, str]:
+        """Where benchmark.json's prompt sets hold its results: section and key."""
+        return ("by_k", str(self.k)) if self.k is not None else ("by_tree", tree_key(asdict(self.spec)))
+
+
 @dataclass(frozen=True)
 class Settings:
     k: list[int]
     max_new_tokens: int
     stops: list[int]
     warmup_prompts: int
+    trees: list[Speculation] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[Setting]:
+        """Every speculative setting, chains in k order, then trees in config order."""
+        chains = [Setting(chain_label(k), Speculation.chain(k), k) for k in self.k]
+        return chains + [Setting(tree_label(asdict(t)), t) for t in self.trees]
 
 
 def device_name(device) -> str:
@@ -85,7 +146,7 @@ def export_aux_layers(export_dir: Path, num_layers: int) -> AuxLayers:
 
 # --- measuring ------------------------------------------------------------------------
 def check_lossless(
-    model, set_name: str, prompt: EvalPrompt, k: int, expected: list[int], got: list[int]
+    model, set_name: str, prompt: EvalPrompt, setting: str, expected: list[int], got: list[int]
 ) -> None:
     """Raise LosslessError at the first position where `got` leaves the greedy output."""
     if got == expected:
@@ -98,29 +159,34 @@ def check_lossless(
     have = got[at] if at < len(got) else "end of output"
     margin = top2_margin(model, prompt.input_ids + expected[:at])
     raise LosslessError(
-        f"prompt set {set_name!r} prompt {prompt.id}, k={k}: speculative output differs from the "
+        f"prompt set {set_name!r} prompt {prompt.id}, {setting}: speculative output differs from the "
         f"target's greedy output at generated position {at}: greedy {want}, speculative {have} "
         f"(target top-2 logit margin there: {margin:.3g}; a margin near 0 is a numerical near-tie, "
         "evaluate in float32)"
     )
 
 
-def _acceptance(runs: list[Decoded], k: int) -> dict:
-    """AL and per-position acceptance over the verify steps of `runs`."""
+def _acceptance(runs: list[Decoded], depth: int, shares: str) -> dict:
+    """AL over the verify steps of `runs`, and under `shares` the share of verify steps that
+    accepted at least d proposals, d = 1..depth (chain positions, or tree depths)."""
     reach = [r for run in runs for r in run.reach]
     steps = len(reach)
     if not steps:
         raise EvaluationError("no verify step: every prompt ended at its first token (raise max_new_tokens)")
-    per_position = [sum(r >= i for r in reach) / steps for i in range(1, k + 1)]
+    per_depth = [sum(r >= d for r in reach) / steps for d in range(1, depth + 1)]
     length = sum(len(run.tokens) - 1 for run in runs) / steps  # the first token is the prefill's
-    if not math.isclose(length, 1 + sum(per_position), rel_tol=1e-9):
-        raise EvaluationError(f"AL {length} != 1 + sum(per-position acceptance) {1 + sum(per_position)}")
-    return {
-        "acceptance_length": length,
-        "acceptance_rate": (length - 1) / k,
-        "per_position": per_position,
-        "verify_steps": steps,
-    }
+    if not math.isclose(length, 1 + sum(per_depth), rel_tol=1e-9):
+        raise EvaluationError(f"AL {length} != 1 + sum({shares}) {1 + sum(per_depth)}")
+    return {"acceptance_length": length, shares: per_depth, "verify_steps": steps}
+
+
+def _result(setting: Setting, runs: list[Decoded]) -> dict:
+    """A setting's acceptance: a chain's per position and rate, a tree's shape and per depth."""
+    if setting.k is None:
+        return {**asdict(setting.spec), **_acceptance(runs, setting.spec.num_steps, "per_depth")}
+    stats = _acceptance(runs, setting.k, "per_position")
+    rate = (stats["acceptance_length"] - 1) / setting.k
+    return {"acceptance_length": stats["acceptance_length"], "acceptance_rate": rate, **stats}
 
 
 def vocab_coverage(draft: Eagle3Draft, runs: list[Decoded]) -> float:
@@ -141,12 +207,14 @@ def _throughput(runs: list[Decoded]) -> dict:
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-def _row(set_name: str, prompt: EvalPrompt, k: int, run: Decoded) -> dict:
-    steps = run.verify_steps if k else None
+def _row(set_name: str, prompt: EvalPrompt, setting: Setting | None, run: Decoded) -> dict:
+    """A per-prompt row; `setting` None is the target alone."""
+    steps = run.verify_steps if setting else None
     return {
         "prompt_set": set_name,
         "id": prompt.id,
-        "k": k,
+        "setting": setting.label if setting else BASELINE,
+        "k": setting.k if setting else 0,
         "tokens": len(run.tokens),
         "verify_steps": steps,
         "acceptance_length": (len(run.tokens) - 1) / steps if steps else None,
@@ -161,54 +229,107 @@ def benchmark_sets(
     prompt_sets: dict[str, list[EvalPrompt]],
     settings: Settings,
     accept: AcceptFn | None = None,
+    accept_tree: TreeAcceptFn | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Warm up, then decode every prompt greedily and with each k; returns the
-    `prompt_sets` section of benchmark.json and the per-prompt rows. `accept` replaces
-    the acceptance rule (tests use it to break verification on purpose)."""
+    """Warm up, then decode every prompt greedily and with each chain and tree; returns the
+    `prompt_sets` section of benchmark.json and the per-prompt rows. `accept` and
+    `accept_tree` replace the acceptance rules (tests use them to break verification)."""
     from draftsmith.evaluate import spec_decode as sd
 
-    accept = accept or sd.longest_agreeing_prefix
     device = model.device
-    n = settings.max_new_tokens
+    n, stops = settings.max_new_tokens, settings.stops
+    accept = accept or sd.longest_agreeing_prefix
+    accept_tree = accept_tree or sd.accepted_path
 
     def base(p: EvalPrompt) -> Decoded:
-        return sd.timed(device, lambda: sd.greedy(model, p.input_ids, n, settings.stops))
+        return sd.timed(device, lambda: sd.greedy(model, p.input_ids, n, stops))
 
-    def spec(p: EvalPrompt, k: int) -> Decoded:
-        return sd.timed(
-            device, lambda: sd.speculative(model, draft, aux, p.input_ids, k, n, settings.stops, accept)
-        )
+    def decode(ids: list[int], setting: Setting) -> Decoded:
+        if setting.k is not None:
+            return sd.speculative(model, draft, aux, ids, setting.k, n, stops, accept)
+        return sd.tree_speculative(model, draft, aux, ids, *astuple(setting.spec), n, stops, accept_tree)
 
+    def spec(p: EvalPrompt, setting: Setting) -> Decoded:
+        return sd.timed(device, lambda: decode(p.input_ids, setting))
+
+    measured = settings.measured
     for prompt in [p for prompts in prompt_sets.values() for p in prompts][: settings.warmup_prompts]:
         base(prompt)
-        for k in settings.k:
-            spec(prompt, k)
+        for setting in measured:
+            spec(prompt, setting)
     results, rows = {}, []
     bar = jobs.progress(sum(map(len, prompt_sets.values())), "evaluate", unit="prompt")
     for name, prompts in prompt_sets.items():
-        baseline, by_k = [], {k: [] for k in settings.k}
+        baseline, runs = [], {setting: [] for setting in measured}
         for prompt in prompts:
             baseline.append(base(prompt))
-            rows.append(_row(name, prompt, 0, baseline[-1]))
-            for k in settings.k:
-                by_k[k].append(spec(prompt, k))
-                check_lossless(model, name, prompt, k, baseline[-1].tokens, by_k[k][-1].tokens)
-                rows.append(_row(name, prompt, k, by_k[k][-1]))
+            rows.append(_row(name, prompt, None, baseline[-1]))
+            for setting, decoded in runs.items():
+                decoded.append(spec(prompt, setting))
+                check_lossless(model, name, prompt, setting.label, baseline[-1].tokens, decoded[-1].tokens)
+                rows.append(_row(name, prompt, setting, decoded[-1]))
             bar.update()
-        results[name] = {**_summary(baseline, by_k), "draft_vocab_coverage": vocab_coverage(draft, baseline)}
+        results[name] = {**_summary(baseline, runs), "draft_vocab_coverage": vocab_coverage(draft, baseline)}
         log.info("%s: %s", name, json.dumps(results[name]))
     bar.close()
     return results, rows
 
 
-def _summary(baseline: list[Decoded], by_k: dict[int, list[Decoded]]) -> dict:
+def _summary(baseline: list[Decoded], runs: dict[Setting, list[Decoded]]) -> dict:
     base = _throughput(baseline)
-    summary = {"prompts": len(baseline), "baseline": base, "by_k": {}}
-    for k, runs in by_k.items():
-        speed = _throughput(runs)
+    summary = {"prompts": len(baseline), "baseline": base, "by_k": {}, "by_tree": {}}
+    for setting, decoded in runs.items():
+        speed = _throughput(decoded)
         speed["speedup"] = speed["tokens_per_s"] / base["tokens_per_s"]
-        summary["by_k"][str(k)] = {**_acceptance(runs, k), **speed}
+        section, key = setting.entry
+        summary[section][key] = {**_result(setting, decoded), **speed}
     return summary
+
+
+# --- the recommendation ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """A setting's SGLang flags, its example launch command, and whether SGLang's parser read it."""
+
+    flags: list[str]
+    command: list[str]
+    checked_by_sglang: bool
+
+
+def sglang_launch(config: dict, setting: Setting) -> Launch:
+    """The serving benchmark's builder and launch settings, with the draft at `setting` and
+    placeholders for the target and the draft."""
+    bench = config["serve_benchmark"]
+    served = setting.spec.flags(EAGLE3, f"${DRAFT_DIR}")
+    cmd = launch_command(f"${TARGET_MODEL}", bench, bench["sglang"]["port"] or EXAMPLE_PORT, served)
+    return Launch(setting.spec.flags(EAGLE3), cmd, check_launch(cmd, served))
+
+
+def _command_line(cmd: list[str]) -> str:
+    """`cmd` for a POSIX shell, the placeholders left to expand."""
+    placeholders = {f"${TARGET_MODEL}", f"${DRAFT_DIR}"}
+    return " ".join(f'"{arg}"' if arg in placeholders else shlex.quote(arg) for arg in cmd)
+
+
+def recommend(prompt_sets: dict, launches: dict[Setting, Launch], placeholders: dict[str, str]) -> dict:
+    """benchmark.json's `recommended`: of the settings in `launches`, the one with the highest
+    mean of the per-prompt-set speed-ups (the first of equals)."""
+
+    def mean_speedup(setting: Setting) -> float:
+        section, key = setting.entry
+        return fmean(result[section][key]["speedup"] for result in prompt_sets.values())
+
+    best = max(launches, key=mean_speedup)
+    launch = launches[best]
+    return {
+        "setting": best.label,
+        **asdict(best.spec),
+        "mean_speedup": mean_speedup(best),
+        "flags": launch.flags,
+        "command": _command_line(launch.command),
+        "placeholders": placeholders,
+        "checked_by_sglang": launch.checked_by_sglang,
+    }
 
 
 # --- reporting ------------------------------------------------------------------------
@@ -216,7 +337,7 @@ def markdown(benchmark: dict) -> str:
     lines = [
         f"# Draft evaluation `{benchmark['key']}`",
         "",
-        f"Chain speculative decoding, greedy, checked lossless. Device: {benchmark['device']}, "
+        f"Chain and tree speculative decoding, greedy, checked lossless. Device: {benchmark['device']}, "
         f"dtype {benchmark['dtype']}, max_new_tokens {benchmark['max_new_tokens']}, "
         f"wall {benchmark['wall_s']:.1f} s.",
     ]
@@ -239,7 +360,29 @@ def markdown(benchmark: dict) -> str:
                 f"| {k} | {r['acceptance_length']:.3f} | {r['acceptance_rate']:.3f} | {positions} | "
                 f"{r['tokens_per_s']:.1f} | {base['tokens_per_s']:.1f} | {r['speedup']:.2f}x |"
             )
-    return "\n".join(lines) + "\n"
+        lines += _tree_table(result)
+        label, best = best_result(result)
+        lines += ["", f"Best: {label}, {best['speedup']:.2f}x at AL {best['acceptance_length']:.3f}."]
+    return "\n".join(lines) + "\n\n" + recommendation_markdown(benchmark["recommended"])
+
+
+def _tree_table(result: dict) -> list[str]:
+    if not result["by_tree"]:
+        return []
+    lines = [
+        "",
+        "| tree (num_steps/topk/num_draft_tokens) | AL | bound num_steps+1 | per-depth acceptance "
+        "| tok/s draft | tok/s baseline | speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["by_tree"].values():
+        depths = " ".join(f"{p:.2f}" for p in r["per_depth"])
+        lines.append(
+            f"| {tree_text(r)} | {r['acceptance_length']:.3f} | {r['num_steps'] + 1} | "
+            f"{depths} | {r['tokens_per_s']:.1f} | {result['baseline']['tokens_per_s']:.1f} | "
+            f"{r['speedup']:.2f}x |"
+        )
+    return lines
 
 
 # --- the stage ------------------------------------------------------------------------
@@ -264,7 +407,8 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
     from draftsmith.target.special_tokens import stop_ids
 
     started = time.time()
-    artifact = plan_for(config).evaluate
+    plan = plan_for(config)
+    artifact = plan.evaluate
     ev = config["evaluate"]
     if not ev["prompt_sets"]:
         raise EvaluationError("evaluate.prompt_sets is empty: configure at least one held-out prompt set")
@@ -276,20 +420,30 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
         for name, entry in sorted(ev["prompt_sets"].items())
     }
     check_overlap(sets, training_prompts(inputs["merged"], inputs["responses"]))
-    settings = Settings(list(ev["k"]), ev["max_new_tokens"], stop_ids(model_info), ev["warmup_prompts"])
+    trees = [Speculation(**tree) for tree in ev["trees"]]
+    stops = stop_ids(model_info)
+    settings = Settings(list(ev["k"]), ev["max_new_tokens"], stops, ev["warmup_prompts"], trees)
+    # Every launch is built (and so checked) before any decoding: a refusal comes first.
+    launches = {setting: sglang_launch(config, setting) for setting in settings.measured}
     with gpus.acquire_gpus(evaluate_gpus(config)):
         model, draft, aux = _load_models(config, model_info, Path(inputs["export_config"]).parent)
         results, rows = benchmark_sets(model, draft, aux, sets, settings)
         device = device_name(model.device)
+    placeholders = {
+        TARGET_MODEL: str(model_info["hf_dir"]),
+        DRAFT_DIR: str(plan.export.path("sglang_config").parent),
+    }
     benchmark = {
         "key": artifact.key,
         "device": device,
         "dtype": ev["dtype"],
         "max_new_tokens": ev["max_new_tokens"],
         "k": settings.k,
+        "trees": [asdict(tree) for tree in trees],
         "wall_s": time.time() - started,
         "lossless": True,
         "prompt_sets": results,
+        "recommended": recommend(results, launches, placeholders),
     }
     write_outputs(benchmark, rows, outputs)
     stats = {

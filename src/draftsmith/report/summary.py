@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from draftsmith.evaluate import best_result, recommendation_markdown, tree_text
 from draftsmith.formats.markdown import coverage_sentence, fmt, table
 
 
@@ -23,6 +24,7 @@ def benchmark_markdown(
     if benchmark is not None:
         head = [_verdict(benchmark), _setup(benchmark)]
         results = [_prompt_set(name, entry) for name, entry in sorted(benchmark["prompt_sets"].items())]
+        results.append(recommendation_markdown(benchmark["recommended"]))
     else:
         head = ["No built-in evaluation in this config (`evaluate.enabled: false`).\n"]
         results = []
@@ -58,10 +60,12 @@ def _verdict(benchmark: dict) -> str:
 
 def _setup(benchmark: dict) -> str:
     ks = ", ".join(str(k) for k in benchmark["k"])
+    trees = ", ".join(tree_text(tree) for tree in benchmark["trees"]) or "none"
     return (
         f"Evaluation key `{benchmark['key']}`: device {benchmark['device']}, dtype {benchmark['dtype']}, "
         f"up to {benchmark['max_new_tokens']} new tokens per prompt, k (draft tokens per verify "
-        f"step) in {ks}; the evaluation took {fmt(benchmark['wall_s'], 1)} s.\n"
+        f"step) in {ks}, trees (num_steps/topk/num_draft_tokens) {trees}; the evaluation took "
+        f"{fmt(benchmark['wall_s'], 1)} s.\n"
     )
 
 
@@ -124,12 +128,35 @@ def _prompt_set(name: str, entry: dict) -> str:
     ]
     headers = ["k", "acceptance length", "bound k+1", "acceptance rate", "per position"]
     headers += ["verify steps", "tokens", "tokens/s", "speed-up"]
-    best_k, best = max(by_k(entry), key=lambda item: item[1]["speedup"])
+    label, best = best_result(entry)
     return (
         f"## Prompt set `{name}` ({fmt(entry['prompts'])} prompts)\n\n"
         f"Baseline (target alone): {fmt(base['tokens'])} tokens in {fmt(base['seconds'], 2)} s, "
         f"{fmt(base['tokens_per_s'], 1)} tokens/s. {coverage_sentence(entry['draft_vocab_coverage'])}\n\n"
         + table(headers, rows)
-        + f"\nBest: k={best_k}, {best['speedup']:.2f}x at acceptance length "
+        + _trees(entry)
+        + f"\nBest: {label}, {best['speedup']:.2f}x at acceptance length "
         f"{best['acceptance_length']:.2f}.\n"
     )
+
+
+def _trees(entry: dict) -> str:
+    """The tree settings' table (none when the evaluation measured chains only)."""
+    if not entry["by_tree"]:
+        return ""
+    rows = [
+        [
+            tree_text(r),
+            fmt(r["acceptance_length"]),
+            r["num_steps"] + 1,
+            " / ".join(fmt(p, 2) for p in r["per_depth"]),
+            fmt(r["verify_steps"]),
+            fmt(r["tokens"]),
+            fmt(r["tokens_per_s"], 1),
+            f"{r['speedup']:.2f}x",
+        ]
+        for r in entry["by_tree"].values()
+    ]
+    headers = ["tree (num_steps/topk/num_draft_tokens)", "acceptance length", "bound num_steps+1"]
+    headers += ["per depth", "verify steps", "tokens", "tokens/s", "speed-up"]
+    return "\n" + table(headers, rows)

@@ -1,5 +1,5 @@
 """SGLang launches: arguments as SGLang's argparse reads them (flags, values, prefixes), the
-base launch command, the flags it owns, and the server's URL.
+base launch command, the flags it owns, a speculative setting's flags, and the server's URL.
 
 The launch commands and the refusals of generation, capture and the serving benchmark all
 read arguments through here, so a spelling SGLang accepts cannot slip past one of them.
@@ -8,6 +8,8 @@ read arguments through here, so a spelling SGLang accepts cannot slip past one o
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from draftsmith.errors import ConfigError
 
@@ -75,6 +77,30 @@ def base_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
     if sglang_cfg.get("context_length") is not None:
         cmd += ["--context-length", str(sglang_cfg["context_length"])]
     return cmd
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """A speculative-decoding setting as SGLang's launch flags name it: draft steps, drafts
+    kept per step, tokens verified per step (the root included). A chain of k is (k, 1, k+1)."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @classmethod
+    def chain(cls, k: int) -> Speculation:
+        return cls(k, 1, k + 1)
+
+    def flags(self, algorithm: str, draft_dir: str | Path | None = None) -> list[str]:
+        """The launch flags of this setting; with `draft_dir`, the draft's path among them."""
+        path = [] if draft_dir is None else ["--speculative-draft-model-path", str(draft_dir)]
+        return [
+            "--speculative-algorithm", algorithm, *path,
+            "--speculative-num-steps", str(self.num_steps),
+            "--speculative-eagle-topk", str(self.topk),
+            "--speculative-num-draft-tokens", str(self.num_draft_tokens),
+        ]  # fmt: skip
 
 
 def owned_flags(section: str) -> dict[str, str]:

@@ -16,20 +16,26 @@ arg_groups/speculative_hook.py, _handle_eagle_family):
 
 Plan-time checks (`check_config`, called from config validation) see only the config;
 `check_draft` repeats the context check against the exported config.json at run time.
+`launch_command` also builds the evaluator's recommended launch (a chain or a tree), and
+`check_launch` has SGLang's own argument parser read it where SGLang is importable.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Callable, Mapping
+import shlex
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from draftsmith.config import export_serving_context
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.runtime.sglang import (
+    Speculation,
     abbreviates,
     base_launch_command,
     check_owned_flags,
+    flag_names,
     owned_flags,
     parse_flags,
 )
@@ -97,23 +103,49 @@ def build_command(
     """The `sglang.launch_server` command: the plain target, or with the draft for a chain of `k`."""
     if (draft_dir is None) != (k is None):
         raise ServeBenchError("a draft server needs both the draft directory and k; the baseline neither")
+    if k is None:
+        return launch_command(model_dir, bench_cfg, port)
+    check_chain(bench_cfg, k)
+    chain = Speculation(k, bench_cfg["eagle_topk"], num_draft_tokens(bench_cfg, k))
+    flags = chain.flags(bench_cfg["speculative_algorithm"], draft_dir)
+    return launch_command(model_dir, bench_cfg, port, flags)
+
+
+def launch_command(
+    model_dir: str | Path, bench_cfg: dict, port: int, speculative: Sequence[str] = ()
+) -> list[str]:
+    """`bench_cfg`'s server for `model_dir`, the `speculative` flags (`Speculation.flags`), then
+    the extra args, refused if they would change what is served."""
     extra = [str(arg) for arg in bench_cfg["sglang"]["extra_args"]]
     check_extra_args(extra)
-    cmd = base_launch_command(str(model_dir), launch_settings(bench_cfg, port))
-    if k is not None:
-        check_chain(bench_cfg, k)
-        cmd += speculative_flags(bench_cfg, Path(draft_dir), k)
-    return cmd + extra
+    return base_launch_command(str(model_dir), launch_settings(bench_cfg, port)) + list(speculative) + extra
 
 
-def speculative_flags(bench_cfg: dict, draft_dir: Path, k: int) -> list[str]:
-    return [
-        "--speculative-algorithm", bench_cfg["speculative_algorithm"],
-        "--speculative-draft-model-path", str(draft_dir),
-        "--speculative-num-steps", str(k),
-        "--speculative-eagle-topk", str(bench_cfg["eagle_topk"]),
-        "--speculative-num-draft-tokens", str(num_draft_tokens(bench_cfg, k)),
-    ]  # fmt: skip
+def check_launch(cmd: list[str], checked: Sequence[str]) -> bool:
+    """Check that SGLang reads the flags and values of `checked` (a part of `cmd`) as given.
+
+    Where SGLang is importable its own parser reads the whole of `cmd` (True); elsewhere the
+    flags of `checked` must be ones this module knows SGLang by (False: SGLang did not check).
+    """
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except ImportError:
+        known = [*owned_flags(SGLANG_SECTION), *_OWNED]
+        unknown = [flag for flag in flag_names(checked) if flag not in known]
+        if unknown:
+            raise ServeBenchError(f"{unknown}: not SGLang launch flags draftsmith knows") from None
+        return False
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    try:
+        args = parser.parse_args(cmd[3:])  # after `python -m sglang.launch_server`
+    except SystemExit:
+        raise ServeBenchError(f"SGLang's argument parser refuses {shlex.join(cmd)}") from None
+    for flag, values in parse_flags(checked):
+        read = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if [str(read)] != values:
+            raise ServeBenchError(f"SGLang reads {flag} {' '.join(values)} as {read!r}")
+    return True
 
 
 # --- refusals ------------------------------------------------------------------------------

@@ -313,6 +313,7 @@ class Plan:
         # must not stand in for a GPU one); dtype can change the target's own greedy output.
         return {
             "k": evaluate["k"],
+            "trees": evaluate["trees"],
             "max_new_tokens": evaluate["max_new_tokens"],
             "device": evaluate["device"],
             "dtype": evaluate["dtype"],
