@@ -43,6 +43,8 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+THETA = 50000.0
+# A Llama 3.1-style config.json: the older form, rope_scaling with rope_theta beside it.
 TARGET_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -50,6 +52,7 @@ TARGET_CONFIG = {
     "vocab_size": VOCAB,
     "num_hidden_layers": LAYERS,
     "max_position_embeddings": 1024,
+    "rope_theta": THETA,
     "rope_scaling": LLAMA3_SCALING,
 }
 
@@ -65,8 +68,9 @@ def make_draft(seed: int = 0, **overrides) -> Eagle3Draft:
         vocab_size=VOCAB,
         draft_vocab_size=DRAFT_VOCAB,
         max_position_embeddings=256,
-        rope_theta=50000.0,
+        rope_theta=THETA,
         target_hidden_size=H,
+        rope_scaling=LLAMA3_SCALING,  # the target's, as DraftConfig.from_target copies it
     )
     fields.update(overrides)
     cfg = DraftConfig(**fields)
@@ -87,17 +91,23 @@ def draft() -> Eagle3Draft:
 
 
 def do_export(
-    fmt: str, draft: Eagle3Draft, out: Path, dtype: str = "float32", aux: AuxLayers = AUX, **kw
+    fmt: str,
+    draft: Eagle3Draft,
+    out: Path,
+    dtype: str = "float32",
+    aux: AuxLayers = AUX,
+    target_config: dict = TARGET_CONFIG,
+    **kw,
 ) -> dict:
     if fmt == SGLANG:
         return export_sglang(
-            draft, out, aux=aux, target_config=TARGET_CONFIG, serving_context=SERVING, dtype=dtype, **kw
+            draft, out, aux=aux, target_config=target_config, serving_context=SERVING, dtype=dtype, **kw
         )
     return export_vllm(
         draft,
         out,
         aux=aux,
-        target_config=TARGET_CONFIG,
+        target_config=target_config,
         verifier_name_or_path="org/target-model",
         speculative_tokens=3,
         serving_context=SERVING,
@@ -194,7 +204,8 @@ def test_sglang_export_files_and_config(draft, tmp_path):
     assert config["vocab_size"] == VOCAB and config["draft_vocab_size"] == DRAFT_VOCAB
     assert config["target_hidden_size"] == H
     assert config["max_position_embeddings"] >= SERVING
-    assert config["rope_theta"] == 50000.0 and config["rope_scaling"] is None
+    assert config["rope_theta"] == THETA and config["rope_scaling"] == LLAMA3_SCALING
+    assert config["rope_parameters"] == {**LLAMA3_SCALING, "rope_theta": THETA}
     assert config["torch_dtype"] == "bfloat16"
     assert config["tie_word_embeddings"] is False
     assert config["eagle_config"] == {
@@ -204,7 +215,7 @@ def test_sglang_export_files_and_config(draft, tmp_path):
 
     assert manifest["config_aux_layer_ids"] == {"ids": [1, 14, 26], "convention": "output_of_layer"}
     assert manifest["aux_layers"] == AUX.as_manifest()
-    assert manifest["target_rope_scaling_not_copied"] == LLAMA3_SCALING
+    assert "target_rope_scaling_not_copied" not in manifest
     assert manifest["validation"]["logits_max_abs_diff"] <= 1e-5
     assert manifest["files"][WEIGHTS_FILE] == sha256_file(out / WEIGHTS_FILE)
     assert json.loads((out / MANIFEST_FILE).read_text()) == manifest
@@ -231,7 +242,11 @@ def test_vllm_export_files_and_config(draft, tmp_path):
     layer = config["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1
     assert layer["vocab_size"] == VOCAB and layer["max_position_embeddings"] >= SERVING
-    assert layer["rope_scaling"] is None and layer["head_dim"] == HEAD_DIM
+    assert layer["rope_scaling"] == LLAMA3_SCALING and layer["head_dim"] == HEAD_DIM
+    assert layer["rope_theta"] == THETA and layer["rope_parameters"] == {
+        **LLAMA3_SCALING,
+        "rope_theta": THETA,
+    }
     assert config["speculators_config"] == {
         "algorithm": "eagle3",
         "proposal_methods": [
@@ -339,7 +354,16 @@ SGLANG_BAD_CONFIG = {
     "eagle_not_eagle3": (_set("architectures", ["LlamaForCausalLMEagle"]), r"architectures"),
     "tied_embeddings": (_set("tie_word_embeddings", True), r"tie_word_embeddings is True"),
     "draft_vocab": (_set("draft_vocab_size", 32000), r"draft_vocab_size is 32000, expected 50"),
-    "rope_scaling_copied": (_set("rope_scaling", LLAMA3_SCALING), r"rope_scaling"),
+    "rope_scaling_dropped": (_set("rope_scaling", None), r"config rope_scaling is None, expected \{"),
+    "rope_scaling_other_factor": (
+        _set("rope_scaling.factor", 4.0),
+        r"config rope_scaling is \{.*'factor': 4\.0.*\}, expected \{.*'factor': 8\.0",
+    ),
+    "rope_parameters_plain": (
+        _set("rope_parameters", {"rope_type": "default", "rope_theta": THETA}),
+        r"config rope_parameters is \{'rope_type': 'default'",
+    ),
+    "rope_theta": (_set("rope_theta", 10000.0), r"config rope_theta is 10000\.0, expected 50000\.0"),
     "heads": (_set("num_key_value_heads", HEADS), r"num_key_value_heads is 4, expected 2"),
 }
 
@@ -422,6 +446,14 @@ VLLM_BAD_CONFIG = {
     ),
     "not_speculators": (_set("speculators_model_type", "eagle"), r"speculators_model_type"),
     "layer_count": (_set("transformer_layer_config.num_hidden_layers", 2), r"num_hidden_layers is 2"),
+    "rope_scaling_dropped": (
+        _set("transformer_layer_config.rope_scaling", None),
+        r"config transformer_layer_config\.rope_scaling is None",
+    ),
+    "rope_parameters_other_type": (
+        _set("transformer_layer_config.rope_parameters.rope_type", "linear"),
+        r"config transformer_layer_config\.rope_parameters is \{.*'rope_type': 'linear'",
+    ),
 }
 
 
@@ -573,3 +605,86 @@ def test_export_from_the_demo_target_config(demo_model_dir, tmp_path):
     assert torch.equal(stored, embed.to(torch.bfloat16))
     reloaded = load_sglang_export(sglang, embed, compute_dtype="float32")
     assert reloaded.config.hidden_size == 576 and reloaded.lm_head.weight.shape == (512, 576)
+
+
+# --- RoPE: the target's, in the form each consumer reads -------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [SGLANG, VLLM])
+@pytest.mark.parametrize(
+    "case",
+    ["plain_draft", "other_factor", "other_theta", "dynamic_target"],
+)
+def test_export_refuses_a_draft_whose_rope_is_not_the_targets(tmp_path, fmt, case):
+    draft, target, message = {
+        "plain_draft": (
+            make_draft(rope_scaling=None),
+            TARGET_CONFIG,
+            r"the draft's RoPE is not the target's: target config rope_scaling\.factor is 8\.0 but the "
+            r"draft's is None;[\s\S]*rope_scaling\.rope_type is 'llama3' but the draft's is None",
+        ),
+        "other_factor": (
+            make_draft(rope_scaling={**LLAMA3_SCALING, "factor": 4.0}),
+            TARGET_CONFIG,
+            r"target config rope_scaling\.factor is 8\.0 but the draft's is 4\.0\. ",
+        ),
+        "other_theta": (
+            make_draft(rope_theta=10000.0),
+            TARGET_CONFIG,
+            r"target config rope_theta is 50000\.0 but the draft's is 10000\.0\. ",
+        ),
+        "dynamic_target": (
+            make_draft(),
+            {**TARGET_CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+            r"target config: rope_type 'dynamic' is refused",
+        ),
+    }[case]
+    out = tmp_path / "draft"
+    with pytest.raises(ExportError, match=message):
+        do_export(fmt, draft, out, target_config=target)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", [SGLANG, VLLM])
+def test_a_plain_target_exports_plain_rope_as_before(tmp_path, fmt):
+    """A target without scaling (either config form) gives the fields exports had before."""
+    draft = make_draft(rope_scaling=None)
+    older = {**TARGET_CONFIG, "rope_scaling": None}
+    newer = {**older, "rope_parameters": {"rope_type": "default", "rope_theta": THETA}}
+    del newer["rope_scaling"], newer["rope_theta"]
+    for name, target in (("older", older), ("newer", newer)):
+        manifest = do_export(fmt, draft, tmp_path / name, target_config=target)
+        config = json.loads((tmp_path / name / CONFIG_FILE).read_text())
+        layer = config.get("transformer_layer_config", config)
+        assert layer["rope_scaling"] is None and layer["rope_theta"] == THETA
+        assert layer["rope_parameters"] == {"rope_type": "default", "rope_theta": THETA}
+        assert set(manifest) >= {"format", "aux_layers", "validation"}
+        assert not any("rope" in key for key in manifest)
+
+
+def test_consumers_build_the_targets_rope_from_the_export(tmp_path):
+    """A yarn target in transformers 5's form: what SGLang's config loader and vLLM's layer
+    config see gives the trained draft's cos/sin, far beyond the original context."""
+    from transformers import AutoConfig, LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from draftsmith.draft.rope import rope_settings, rotary
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "beta_fast": 16}
+    target = {k: v for k, v in TARGET_CONFIG.items() if k not in ("rope_scaling", "rope_theta")}
+    target["rope_parameters"] = {**yarn, "rope_theta": THETA}
+    draft = make_draft(rope_scaling=rope_settings(target)[1])
+    assert draft.config.rope_scaling == yarn
+    do_export(SGLANG, draft, tmp_path / "sglang", target_config=target)
+    do_export(VLLM, draft, tmp_path / "vllm", target_config=target)
+
+    positions = torch.tensor([[0, 5, 255, 256, 1023, 4000, 100000]])
+    want = rotary(positions, HEAD_DIM, THETA, yarn)
+    sglang = AutoConfig.from_pretrained(tmp_path / "sglang")
+    assert sglang.rope_parameters == {**yarn, "rope_theta": THETA}
+    layer = json.loads((tmp_path / "vllm" / CONFIG_FILE).read_text())["transformer_layer_config"]
+    for consumer in (sglang, LlamaConfig(**layer)):
+        got = LlamaRotaryEmbedding(consumer)(torch.zeros(1), positions)
+        torch.testing.assert_close(got, want)
+    reloaded = load_sglang_export(tmp_path / "sglang", draft.embed_tokens.weight)
+    assert reloaded.config.rope_scaling == yarn and reloaded.config.rope_theta == THETA

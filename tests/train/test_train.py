@@ -221,6 +221,13 @@ def test_checkpoint_restores_every_part_of_the_state(spec, tmp_path):
     assert torch.equal(torch.get_rng_state(), trainer.state_dict(0)["rng"]["torch"])
     with pytest.raises(train.TrainError, match="checkpoint of draft"):
         train.Trainer({**spec, "key": "fedcba9876543210"}).load(tmp_path / "ckpt.pt")
+    # A checkpoint whose draft was built otherwise (here: another RoPE) does not continue as this one.
+    state = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert "rope_scaling" not in state["draft_config"]  # the demo target has plain RoPE
+    state["draft_config"]["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    torch.save(state, tmp_path / "other.pt")
+    with pytest.raises(train.TrainError, match=r"draft config .*'rope_scaling'.* is not this run's"):
+        restored.load(tmp_path / "other.pt")
 
 
 def test_segment_bounds_refuse_steps_outside_the_run(spec):

@@ -2,7 +2,8 @@
 
 Parameter names are SGLang's (`midlayer.*`, `fc`, `norm`, `lm_head`, buffers `d2t`,
 `t2d`) so export needs no renaming for SGLang; `export.py` owns the maps to other
-formats. The embedding is the target's and stays frozen.
+formats. The embedding is the target's and stays frozen; the rotary embedding is the
+target's too (`rope.py`), as SGLang and vLLM build it from the exported config.
 
 Positions: the draft at position t reads the fused target feature of position t and
 the embedding of token t+1, and predicts the target's distribution at position t+1
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.draft.attention import ttt_attention
+from draftsmith.draft.rope import check_scaling, rope_settings, rotary
 
 STEP_DECAY = 0.8
 
@@ -38,11 +40,17 @@ class DraftConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     target_hidden_size: int | None = None
+    # The target's RoPE scaling (draft/rope.py); None: plain RoPE, as drafts had before it existed.
+    rope_scaling: dict | None = None
+
+    def __post_init__(self) -> None:
+        check_scaling(self.rope_scaling)
 
     @classmethod
     def from_target(cls, text_config, draft_vocab_size: int, max_position_embeddings: int) -> DraftConfig:
+        """The draft of a target with this (transformers) text config, with the target's RoPE."""
+        rope_theta, rope_scaling = rope_settings(text_config.to_dict())
         heads = text_config.num_attention_heads
-        rope = getattr(text_config, "rope_parameters", None) or {}
         return cls(
             hidden_size=text_config.hidden_size,
             intermediate_size=text_config.intermediate_size,
@@ -53,12 +61,16 @@ class DraftConfig:
             draft_vocab_size=draft_vocab_size,
             max_position_embeddings=max_position_embeddings,
             rms_norm_eps=text_config.rms_norm_eps,
-            rope_theta=rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)),
+            rope_theta=rope_theta,
             target_hidden_size=text_config.hidden_size,
+            rope_scaling=rope_scaling,
         )
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        fields = asdict(self)
+        if fields["rope_scaling"] is None:  # plain RoPE: the same draft_config.json as before the field
+            del fields["rope_scaling"]
+        return fields
 
 
 class RMSNorm(nn.Module):
@@ -72,13 +84,6 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
-    angles = positions.float()[..., None] * inv_freq
-    emb = torch.cat([angles, angles], dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -110,7 +115,7 @@ class Attention(nn.Module):
         else:
             parts = [_scatter(proj(x), rows, b, t) for proj in projections]
         q, k, v = (part.view(b, t, -1, c.head_dim).transpose(1, 2) for part in parts)
-        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
+        cos, sin = rotary(positions, c.head_dim, c.rope_theta, c.rope_scaling)
         cos, sin = cos[:, None], sin[:, None]
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 

@@ -10,12 +10,13 @@ Two formats, one set of weights:
 
 `KEY_MAPS` is the only place that knows the file key names and `aux_layer_ids` the only
 place that knows which aux-layer numbering each consumer reads. An export counts as
-done only after validation: the files are written into a temp directory beside the
-target, reloaded and checked (keys, shapes, dtypes, config fields, layer ids, vocab
-mapping, and logits of a draft rebuilt from the files against the trained draft), and
-renamed into place only then. SGLang silently skips unknown keys and never reports
-missing ones (the draft then runs with random weights and acceptance ~1.0), so nothing
-here may rely on the consumer to notice a bad file.
+done only after validation: the draft's RoPE must be the target's, and the files are
+written into a temp directory beside the target, reloaded and checked (keys, shapes,
+dtypes, config fields, layer ids, vocab mapping, and logits of a draft rebuilt from the
+files against the trained draft), and renamed into place only then. SGLang silently
+skips unknown keys and never reports missing ones (the draft then runs with random
+weights and acceptance ~1.0), so nothing here may rely on the consumer to notice a bad
+file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from draftsmith.draft.model import DraftConfig, Eagle3Draft
+from draftsmith.draft.rope import RopeError, rope_settings
 from draftsmith.errors import DraftsmithError
 from draftsmith.store.atomic import atomic_dir
 from draftsmith.store.hashing import sha256_file
@@ -190,7 +192,7 @@ def export_sglang(
         config,
         _export_tensors(draft, SGLANG, dtype),
         validate,
-        _manifest_base(SGLANG, aux, ids, dtype, serving_context, text),
+        _manifest_base(SGLANG, aux, ids, dtype, serving_context),
     )
 
 
@@ -264,7 +266,7 @@ def export_vllm(
             speculative_tokens=speculative_tokens,
         )
 
-    manifest = _manifest_base(VLLM, aux, ids, dtype, serving_context, text)
+    manifest = _manifest_base(VLLM, aux, ids, dtype, serving_context)
     manifest["speculative_tokens"] = speculative_tokens
     manifest["verifier_name_or_path"] = verifier_name_or_path
     return _write_validated(Path(out_dir), config, _export_tensors(draft, VLLM, dtype), validate, manifest)
@@ -289,6 +291,29 @@ def _check_export_args(
     for field, (target_value, ours, what) in checks.items():
         if target_value != ours:
             raise ExportError(f"target config {field} is {target_value!r} but the {what} say {ours!r}")
+    _check_target_rope(c, text)
+
+
+def _check_target_rope(c: DraftConfig, text: dict) -> None:
+    """SGLang and vLLM serve the draft with the RoPE its config names, which must be the one
+    it was trained with and, for long contexts, the target's: the draft's must equal the target's."""
+    try:
+        theta, scaling = rope_settings(text)
+    except RopeError as exc:
+        raise ExportError(f"target config: {exc}") from None
+    target, draft = _rope_fields(theta, scaling), _rope_fields(c.rope_theta, c.rope_scaling)
+    found = [
+        f"{field} is {target.get(field)!r} but the draft's is {draft.get(field)!r}"
+        for field in sorted(target.keys() | draft.keys())
+        if target.get(field) != draft.get(field)
+    ]
+    if found:
+        raise ExportError(
+            "the draft's RoPE is not the target's: target config " + "; ".join(found) + ". Served with "
+            "either, the draft would see other positions than in training or than the target does "
+            "beyond the original context; retrain the draft for this target (DraftConfig.from_target "
+            "copies its RoPE)"
+        )
 
 
 def _text_config(target_config: dict) -> dict:
@@ -311,10 +336,19 @@ def _max_positions(c: DraftConfig, text: dict, serving_context: int) -> int:
     return max(c.max_position_embeddings, serving_context, int(text.get("max_position_embeddings") or 0))
 
 
+def _rope_fields(theta: float, scaling: dict | None) -> dict:
+    """RoPE settings as flat fields (rope_scaling.factor, ...), to name the one that differs."""
+    return {"rope_theta": theta, **{f"rope_scaling.{key}": value for key, value in (scaling or {}).items()}}
+
+
+def _rope_parameters(c: DraftConfig) -> dict:
+    return {**(c.rope_scaling or {"rope_type": "default"}), "rope_theta": c.rope_theta}
+
+
 def _layer_fields(c: DraftConfig, max_position_embeddings: int) -> dict:
-    """Llama fields of the single draft layer. RoPE is plain, as the draft was trained:
-    the target's rope_scaling is not copied (model.py implements no scaling, and a served
-    draft with, say, YaRN would see other attention scores than in training)."""
+    """Llama fields of the single draft layer. RoPE is the draft's (the target's, checked):
+    `rope_theta` + `rope_scaling` as SGLang's Llama layer and older readers take it,
+    `rope_parameters` as transformers 5 does."""
     return {
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
@@ -324,8 +358,8 @@ def _layer_fields(c: DraftConfig, max_position_embeddings: int) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "rope_scaling": c.rope_scaling,
+        "rope_parameters": _rope_parameters(c),
         "vocab_size": c.vocab_size,
         "max_position_embeddings": max_position_embeddings,
         "attention_bias": False,
@@ -334,16 +368,13 @@ def _layer_fields(c: DraftConfig, max_position_embeddings: int) -> dict:
     }
 
 
-def _manifest_base(
-    fmt: str, aux: AuxLayers, ids: list[int], dtype: str, serving_context: int, text: dict
-) -> dict:
+def _manifest_base(fmt: str, aux: AuxLayers, ids: list[int], dtype: str, serving_context: int) -> dict:
     return {
         "format": fmt,
         "dtype": dtype,
         "serving_context": serving_context,
         "aux_layers": aux.as_manifest(),
         "config_aux_layer_ids": {"ids": ids, "convention": AUX_LAYER_CONVENTION[fmt]},
-        "target_rope_scaling_not_copied": text.get("rope_scaling"),
     }
 
 
@@ -522,11 +553,11 @@ def _check_layer_config(
     _expect(problems, f"{where}num_hidden_layers", config.get("num_hidden_layers"), 1)
     _expect(problems, f"{where}tie_word_embeddings", config.get("tie_word_embeddings"), False)
     _expect(problems, f"{where}hidden_act", config.get("hidden_act"), "silu")
-    _expect(problems, f"{where}rope_scaling", config.get("rope_scaling"), None)
+    _expect(problems, f"{where}rope_scaling", config.get("rope_scaling"), c.rope_scaling)
     _expect(problems, f"{where}torch_dtype", config.get("torch_dtype"), dtype)
     rope = config.get("rope_parameters")
-    if rope is not None and rope != {"rope_type": "default", "rope_theta": config.get("rope_theta")}:
-        problems.append(f"config {where}rope_parameters {rope!r} is not plain RoPE with theta rope_theta")
+    if rope is not None and rope != _rope_parameters(c):
+        problems.append(f"config {where}rope_parameters is {rope!r}, expected {_rope_parameters(c)!r}")
     for field in (
         "hidden_size",
         "intermediate_size",
@@ -770,6 +801,7 @@ def _config_from_fields(config: dict) -> DraftConfig:
         rms_norm_eps=float(config["rms_norm_eps"]),
         rope_theta=float(config["rope_theta"]),
         target_hidden_size=int(config["target_hidden_size"]),
+        rope_scaling=rope_settings(config)[1],  # either form; absent in older exports: plain
     )
 
 

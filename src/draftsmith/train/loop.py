@@ -266,6 +266,13 @@ class Trainer:
             raise TrainError(f"{path}: checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
         if state["key"] != self.spec["key"]:
             raise TrainError(f"{path}: checkpoint of draft {state['key']}, this run is {self.spec['key']}")
+        # A checkpoint from code that built the draft otherwise (say, plain RoPE for a target
+        # with scaled RoPE) must not continue as this draft.
+        if state["draft_config"] != self.config.as_dict():
+            raise TrainError(
+                f"{path}: the checkpoint's draft config {state['draft_config']} is not this run's "
+                f"{self.config.as_dict()}; train from segment 0"
+            )
         missing, unexpected = self.draft.load_state_dict(state["model"], strict=False)
         if missing != [_EMBED] or unexpected:
             raise TrainError(
