@@ -61,7 +61,7 @@ class Documented:
     def prompts(self, count: int = 1) -> list[tuple[str, str]]:
         """(id, prompt) for `count` different templates, the first picked by a hash of the
         name, the others following it: count 1 gives the same first prompt as any count."""
-        first = _hash(self.id)
+        first = module_hash(self.id)
         rows = []
         for i in range(count):
             template = TEMPLATES[(first + i) % len(TEMPLATES)]
@@ -70,7 +70,7 @@ class Documented:
         return rows
 
 
-def _hash(text: str) -> int:
+def module_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
@@ -92,7 +92,7 @@ def source_roots(packages: list[str], stdlib: bool = True) -> list[tuple[str, Pa
     return roots
 
 
-def _module_files(prefix: str, root: Path) -> Iterator[tuple[str, Path]]:
+def module_files(prefix: str, root: Path) -> Iterator[tuple[str, Path]]:
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         if any(p in SKIPPED_DIRS or p.startswith(("_", ".")) and p != "__init__" for p in parts):
@@ -160,8 +160,8 @@ def collect(
     heldout: list[dict] = []
     buckets = 10_000
     for prefix, root in roots:
-        for module, path in _module_files(prefix, root):
-            held = _hash(module) % buckets < heldout_share * buckets
+        for module, path in module_files(prefix, root):
+            held = module_hash(module) % buckets < heldout_share * buckets
             for obj in documented_objects(module, path):
                 key = normalised(obj.doc)
                 if key in seen:
@@ -195,7 +195,7 @@ def build(
             "(name more packages with --package)"
         )
     # Spread the held-out prompts over modules rather than taking the first ones.
-    heldout = sorted(heldout, key=lambda row: _hash(row["id"]))[:heldout_count]
+    heldout = sorted(heldout, key=lambda row: module_hash(row["id"]))[:heldout_count]
     atomic.write_jsonl(train_path, train)
     atomic.write_jsonl(heldout_path, heldout)
     return {

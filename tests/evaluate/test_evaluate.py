@@ -410,9 +410,17 @@ def test_demo_heldout_set_is_disjoint_from_every_demo_dataset_row(demo_model_dir
 
 
 # --- the stage ------------------------------------------------------------------------
-def _stage_setup(tmp: Path, demo_model_dir: Path, model_info: dict, export_dir: Path, questions: list[str]):
+def _stage_setup(
+    tmp: Path,
+    demo_model_dir: Path,
+    model_info: dict,
+    export_dir: Path,
+    questions: list[str],
+    prompts: list[str] = PROMPTS,
+    **evaluate,
+):
     set_path = tmp / "eval.jsonl"
-    set_path.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in PROMPTS))
+    set_path.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in prompts))
     data = tmp / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in questions))
     config = cfg.validate(
@@ -428,6 +436,7 @@ def _stage_setup(tmp: Path, demo_model_dir: Path, model_info: dict, export_dir: 
                 "max_new_tokens": 8,
                 "warmup_prompts": 1,
                 "prompt_sets": {"tiny": {"path": str(set_path)}},
+                **evaluate,
             },
         }
     )
@@ -462,6 +471,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
         "lossless",
         "prompt_sets",
         "recommended",
+        "long_context",
     }
     assert bench["key"] == plan_for(config).evaluate.key and bench["lossless"] is True
     assert bench["k"] == [1, 2] and bench["trees"] == [TREE] and bench["device"].startswith("cpu")
@@ -535,6 +545,59 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
     written = json.loads(Path(outputs["manifest"]).read_text())["files"]
     assert set(written) == {"benchmark.json", "benchmark.md", "per_prompt.jsonl"}
     assert not [p for p in Path(outputs["json"]).parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+# Long enough to land above 64 prompt tokens, chat template included.
+LONG_PROMPT = (
+    "Here is a note about my garden. The tomatoes grew tall this summer, the beans climbed "
+    "the fence, the lettuce bolted in the heat and the carrots stayed small because the soil "
+    "was too hard. Next year I want to add compost, water in the morning and plant earlier. "
+    "Summarise the note in one sentence."
+)
+
+
+def test_stage_reports_acceptance_by_prompt_length(tmp_path, demo_model_dir, model_info, export_dir):
+    """by_length comes from the decoding already done: per bucket, verify-step weighted,
+    empty buckets left out; the long-context flag compares the recommended setting."""
+    config, inputs, outputs = _stage_setup(
+        tmp_path,
+        demo_model_dir,
+        model_info,
+        export_dir,
+        ["How do tides work?"],
+        prompts=[*PROMPTS, LONG_PROMPT],
+        length_buckets=[16, 64],
+    )
+    bench = evaluate(config, inputs, outputs)
+    rows = list(atomic.read_jsonl(outputs["per_prompt"]))
+    lengths = sorted(r["prompt_tokens"] for r in rows if r["setting"] == "baseline")
+    assert 16 <= lengths[0] <= lengths[1] < 64 <= lengths[2]  # "<16" holds no prompt
+    tiny = bench["prompt_sets"]["tiny"]
+    buckets = tiny["by_length"]
+    assert [(b["bucket"], b["min_tokens"], b["max_tokens"], b["prompts"]) for b in buckets] == [
+        ("16-64", 16, 63, 2),
+        (">=64", 64, None, 1),
+    ]
+    labels = ["k=1", "k=2", "tree 2/2/4"]
+    for label, result in zip(
+        labels, [tiny["by_k"]["1"], tiny["by_k"]["2"], tiny["by_tree"]["2-2-4"]], strict=True
+    ):
+        steps = [b["verify_steps"][label] for b in buckets]
+        assert sum(steps) == result["verify_steps"]
+        weighted = sum((b["settings"][label] or 0) * b["verify_steps"][label] for b in buckets)
+        assert weighted / sum(steps) == pytest.approx(result["acceptance_length"])
+    flag = bench["long_context"]
+    setting = bench["recommended"]["setting"]
+    short, long = (b["settings"][setting] for b in buckets)
+    assert flag["flagged"] is (long < 0.8 * short) and flag["threshold"] == 0.8
+    assert flag["draft"] == {
+        "training_max_length": config["tokenize"]["max_length"],
+        "max_position_embeddings": 8192,
+        "rope_scaling": None,
+    }
+    table = Path(outputs["md"]).read_text()
+    assert "Acceptance length by prompt length" in table and "| >=64 | 1 | " in table
+    assert ("**Long-context warning:**" in table) is flag["flagged"]
 
 
 def test_stage_refuses_an_overlapping_set_before_writing(tmp_path, demo_model_dir, model_info, export_dir):

@@ -21,6 +21,7 @@ from conftest import REPO, snakemake, snakemake_cmd, workflow_config, write_rows
 from matplotlib.image import imread
 
 from draftsmith import config as cfg
+from draftsmith.evaluate.length import long_context
 from draftsmith.formats.markdown import to_html
 from draftsmith.hidden import estimate
 from draftsmith.merged import data_report as report
@@ -32,6 +33,8 @@ from draftsmith.store import atomic
 from draftsmith.store.plan import plan_for
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# What the evaluator records of the draft's context (`evaluate.stage.draft_context`).
+DRAFT = {"training_max_length": 256, "max_position_embeddings": 8192, "rope_scaling": None}
 FIGURES = {
     "acceptance_length": lambda inputs, path: plots.acceptance_length(inputs["benchmark"], path),
     "acceptance_per_position": lambda inputs, path: plots.acceptance_per_position(inputs["benchmark"], path),
@@ -79,12 +82,32 @@ def fixture_benchmark(lossless: bool = True) -> dict:
             "speedup": speedup,
         }
 
+    def by_length(prompts: int, results: dict[str, dict]) -> list[dict]:
+        """All prompts but one under 512 tokens, at each setting's AL; one 2k-8k at 90% of it."""
+
+        def bucket(label: str, low: int, high: int, count: int, share: float) -> dict:
+            return {
+                "bucket": label,
+                "min_tokens": low,
+                "max_tokens": high,
+                "prompts": count,
+                "settings": {name: share * r["acceptance_length"] for name, r in results.items()},
+                "verify_steps": {name: r["verify_steps"] * count // prompts for name, r in results.items()},
+            }
+
+        return [bucket("<512", 0, 511, prompts - 1, 1.0), bucket("2k-8k", 2048, 8191, 1, 0.9)]
+
     def prompt_set(prompts: int, accept: float, tree_speedups: tuple[float, float]) -> dict:
+        by_k = {str(k): result(k, accept) for k in (1, 2, 3)}
+        by_tree = {"3-2-6": tree(3, 2, 6, tree_speedups[0]), "4-4-8": tree(4, 4, 8, tree_speedups[1])}
+        labelled = {f"k={k}": r for k, r in by_k.items()}
+        labelled |= {f"tree {key.replace('-', '/')}": r for key, r in by_tree.items()}
         return {
             "prompts": prompts,
             "baseline": {"tokens": 96, "seconds": 8.0, "tokens_per_s": 12.0},
-            "by_k": {str(k): result(k, accept) for k in (1, 2, 3)},
-            "by_tree": {"3-2-6": tree(3, 2, 6, tree_speedups[0]), "4-4-8": tree(4, 4, 8, tree_speedups[1])},
+            "by_k": by_k,
+            "by_tree": by_tree,
+            "by_length": by_length(prompts, labelled),
             "draft_vocab_coverage": 0.9375,
         }
 
@@ -104,6 +127,7 @@ def fixture_benchmark(lossless: bool = True) -> dict:
         "checked_by_sglang": False,
     }
 
+    prompt_sets = {"chat": prompt_set(3, 0.7, (2.6, 1.2)), "code": prompt_set(2, 0.5, (1.5, 1.0))}
     return {
         "key": "0123456789abcdef",
         "device": "cpu",
@@ -116,8 +140,9 @@ def fixture_benchmark(lossless: bool = True) -> dict:
         ],
         "wall_s": 41.25,
         "lossless": lossless,
-        "prompt_sets": {"chat": prompt_set(3, 0.7, (2.6, 1.2)), "code": prompt_set(2, 0.5, (1.5, 1.0))},
+        "prompt_sets": prompt_sets,
         "recommended": recommended,
+        "long_context": long_context(prompt_sets, recommended, 0.8, DRAFT),
     }
 
 
@@ -367,6 +392,33 @@ def test_summary_holds_the_input_numbers():
     assert "No setting beat the target alone" not in recommended  # 2.05x
 
 
+def test_summary_shows_acceptance_by_prompt_length_and_the_long_context_warning():
+    benchmark = fixture_benchmark()
+    text = summary_text(benchmark)
+    assert benchmark["long_context"]["flagged"] is False and "Long-context warning" not in text
+    chat = benchmark["prompt_sets"]["chat"]
+    part = section(text, "Prompt set `chat`")
+    labels = ["k=1", "k=2", "k=3", "tree 3/2/6", "tree 4/4/8"]
+    assert table_row(part, "prompt tokens") == ["prompt tokens", "prompts", *labels]
+    for bucket in chat["by_length"]:
+        row = table_row(part, bucket["bucket"])
+        assert row[1] == str(bucket["prompts"])
+        assert row[2:] == [f"{bucket['settings'][label]:.2f}" for label in labels]
+    # The recommended tree collapses on chat's long prompt: the warning leads the page.
+    short = chat["by_length"][0]["settings"]["tree 3/2/6"]
+    chat["by_length"][1]["settings"]["tree 3/2/6"] = 0.5 * short
+    benchmark["long_context"] = long_context(benchmark["prompt_sets"], benchmark["recommended"], 0.8, DRAFT)
+    text = summary_text(benchmark)
+    warning = text.split("**Long-context warning:** ", 1)[1].split("\n", 1)[0]
+    assert warning.startswith(
+        f"prompt set `chat`, tree 3/2/6: acceptance length {0.5 * short:.2f} at 2k-8k prompt tokens "
+        f"(1 prompt), 50% of {short:.2f} at <512"
+    )
+    assert "at most 256 tokens (tokenize.max_length); exported with max_position_embeddings 8192" in warning
+    assert text.index("Long-context warning") < text.index("## Data")
+    assert "<strong>Long-context warning:</strong>" in to_html(text, "Benchmark")
+
+
 def test_a_lossy_benchmark_is_flagged():
     text = summary_text(fixture_benchmark(lossless=False))
     assert "**Lossless: NO.**" in text and "Lossless: yes" not in text
@@ -382,8 +434,8 @@ def test_html_pages_render_the_report_tables():
     assert "a&lt;b&gt;&amp;c" in page and "<b>" not in page  # cells are escaped
     assert "<code>fedcba9876543210</code>" in page
     summary = to_html(summary_text(fixture_benchmark()), "Benchmark")
-    # Data, estimate, training (2), then per prompt set the chain and the tree table.
-    assert "<strong>Lossless: yes.</strong>" in summary and summary.count("<table>") == 8
+    # Data, estimate, training (2), then per prompt set the chain, tree and by-length table.
+    assert "<strong>Lossless: yes.</strong>" in summary and summary.count("<table>") == 10
     assert "<h2>Prompt set <code>chat</code> (3 prompts)</h2>" in summary
     assert "<th>tree (num_steps/topk/num_draft_tokens)</th>" in summary
     assert "<h2>Recommended SGLang settings</h2>" in summary

@@ -348,3 +348,26 @@ def test_evaluate_trees_default_and_bad_trees_are_refused_with_their_key_path(ra
     assert "evaluate.trees.0.topk" in error_of(raw)  # the schema's own bounds
     raw["evaluate"]["trees"] = [good]
     configure(raw)
+
+
+def test_evaluate_length_buckets_must_ascend_and_are_refused_with_their_key_path(raw, monkeypatch, tmp_path):
+    from draftsmith.workflow import configure
+
+    defaults = cfg.load(DEFAULT_CONFIG)["evaluate"]
+    assert defaults["length_buckets"] == [512, 2048, 8192] and defaults["long_context_drop"] == 0.8
+    monkeypatch.chdir(REPO)
+    raw["artifacts_dir"] = str(tmp_path / "artifacts")
+    message = r"^config: evaluate.length_buckets: upper bounds must be strictly ascending, got "
+    for bad in ([2048, 512], [512, 512]):
+        raw["evaluate"]["length_buckets"] = bad
+        with pytest.raises(ConfigError, match=message + rf"\[{bad[0]}, {bad[1]}\]$"):
+            configure(copy.deepcopy(raw))
+    raw["evaluate"]["length_buckets"] = []
+    assert "evaluate.length_buckets" in error_of(raw)  # the schema's minItems
+    raw["evaluate"]["length_buckets"] = [16, 0]
+    assert "evaluate.length_buckets.1" in error_of(raw)
+    raw["evaluate"]["length_buckets"] = [16, 64]
+    raw["evaluate"]["long_context_drop"] = 1.5
+    assert "evaluate.long_context_drop" in error_of(raw)
+    raw["evaluate"]["long_context_drop"] = 0.5
+    configure(raw)

@@ -1,13 +1,17 @@
 """The evaluator's decoding settings: the trees it can build (SGLang's num_steps, topk,
-num_draft_tokens), their config check, the names people and benchmark.json give settings,
-and the recommended SGLang launch in Markdown.
+num_draft_tokens), their config check (and the length buckets'), the names people and
+benchmark.json give settings, and the recommended SGLang launch in Markdown.
 
 No torch here: config validation and the report import this module.
 """
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from draftsmith.errors import ConfigError
+
+BASELINE = "baseline"  # the per-prompt rows' setting of the target alone
 
 
 def max_draft_tokens(num_steps: int, topk: int) -> int:
@@ -36,7 +40,11 @@ def tree_shape(tree: dict) -> tuple[int, int, int]:
 
 
 def check_config(config: dict) -> None:
-    """Refuse an `evaluate.trees` entry the evaluator cannot build or SGLang would not run as given."""
+    """Refuse an `evaluate.trees` entry the evaluator cannot build or SGLang would not run as
+    given, and length buckets that are not strictly ascending."""
+    bounds = config["evaluate"]["length_buckets"]
+    if any(low >= high for low, high in pairwise(bounds)):
+        raise ConfigError(f"evaluate.length_buckets: upper bounds must be strictly ascending, got {bounds}")
     for i, tree in enumerate(config["evaluate"]["trees"]):
         where = f"evaluate.trees[{i}]"
         try:

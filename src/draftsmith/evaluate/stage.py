@@ -6,22 +6,33 @@ tokens/s with and without the draft and the speed-up, every speculative output c
 token for token against the target's own greedy output. Outputs: `benchmark.json`
 (schema below, read by the report), `benchmark.md`, `per_prompt.jsonl` (one row per
 prompt and setting; `setting` is "baseline", "k=3" or "tree 3/2/6"; `k` is the chain's
-k, 0 for the baseline, null for a tree; baseline rows have no verify steps) and
-`manifest.json`.
+k, 0 for the baseline, null for a tree; `prompt_tokens` the rendered prompt's length;
+baseline rows have no verify steps) and `manifest.json`.
 
 benchmark.json: {key, device, dtype, max_new_tokens, k, trees: [{num_steps, topk,
 num_draft_tokens}], wall_s, lossless, prompt_sets: {name: {prompts, draft_vocab_coverage,
 baseline: {tokens, seconds, tokens_per_s}, by_k: {"<k>": {acceptance_length,
 acceptance_rate, per_position, verify_steps, tokens, seconds, tokens_per_s, speedup}},
 by_tree: {"<num_steps>-<topk>-<num_draft_tokens>": {num_steps, topk, num_draft_tokens,
-acceptance_length, per_depth, verify_steps, tokens, seconds, tokens_per_s, speedup}}}},
-recommended: {setting, num_steps, topk, num_draft_tokens, mean_speedup, flags, command,
-placeholders: {TARGET_MODEL, DRAFT_DIR}, checked_by_sglang}}.
+acceptance_length, per_depth, verify_steps, tokens, seconds, tokens_per_s, speedup}},
+by_length: [{bucket, min_tokens, max_tokens, prompts, settings: {"<label>": acceptance_length},
+verify_steps: {"<label>": verify_steps}}]}}, recommended: {setting, num_steps, topk,
+num_draft_tokens, mean_speedup, flags, command, placeholders: {TARGET_MODEL, DRAFT_DIR},
+checked_by_sglang}, long_context: {flagged, threshold, buckets: [{prompt_set, setting,
+bucket, prompts, acceptance_length, reference_bucket, reference_acceptance_length,
+share}], draft: {training_max_length, max_position_embeddings, rope_scaling}, reason}}.
 
 Tokens count every generated token; AL counts the tokens of verify steps (see
 spec_decode): per_position[i-1] (per_depth[d-1]) is the share of verify steps that
 accepted at least i proposals (a path d deep), so AL = 1 + sum(per_position) (+ sum
 (per_depth)) holds exactly; a tree's AL is at most num_steps + 1.
+
+`by_length` splits each set's per-prompt rows by prompt tokens into the buckets of
+`evaluate.length_buckets` (buckets without a prompt left out; min/max_tokens inclusive,
+max null for the open last one; an AL null where the bucket made no verify step), and
+`long_context` flags a longer bucket whose AL for the recommended setting falls below
+`evaluate.long_context_drop` of the shortest bucket's (see `length`); nothing is decoded
+twice for either.
 
 `recommended` is the setting, chain or tree, with the highest mean over the prompt sets
 of the per-set speed-ups (the earlier of equals: chains in k order, then trees in config
@@ -49,7 +60,9 @@ from statistics import fmean
 from typing import TYPE_CHECKING
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.evaluate.length import by_length, length_markdown, long_context, long_context_markdown
 from draftsmith.evaluate.settings import (
+    BASELINE,
     best_result,
     chain_label,
     recommendation_markdown,
@@ -84,7 +97,6 @@ class LosslessError(EvaluationError):
     """Speculative decoding produced other tokens than the target's own greedy decoding."""
 
 
-BASELINE = "baseline"
 # The recommended command's placeholders and the port it shows when serve_benchmark sets none.
 TARGET_MODEL, DRAFT_DIR = "TARGET_MODEL", "DRAFT_DIR"
 EXAMPLE_PORT = 30000  # SGLang's default
@@ -142,6 +154,18 @@ def export_aux_layers(export_dir: Path, num_layers: int) -> AuxLayers:
             f"({AUX_LAYER_CONVENTION[SGLANG]}) disagree with the export record {record}"
         )
     return aux
+
+
+def draft_context(export_dir: Path, training_max_length: int) -> dict:
+    """What the long-context flag says of the draft: the longest sample it trained on
+    (tokenize.max_length), and the positions and RoPE scaling (null: plain RoPE) its
+    exported config serves it with."""
+    config = json.loads((export_dir / EXPORT_FILES["config"]).read_text())
+    return {
+        "training_max_length": training_max_length,
+        "max_position_embeddings": config.get("max_position_embeddings"),
+        "rope_scaling": config.get("rope_scaling"),
+    }
 
 
 # --- measuring ------------------------------------------------------------------------
@@ -215,6 +239,7 @@ def _row(set_name: str, prompt: EvalPrompt, setting: Setting | None, run: Decode
         "id": prompt.id,
         "setting": setting.label if setting else BASELINE,
         "k": setting.k if setting else 0,
+        "prompt_tokens": len(prompt.input_ids),
         "tokens": len(run.tokens),
         "verify_steps": steps,
         "acceptance_length": (len(run.tokens) - 1) / steps if steps else None,
@@ -341,6 +366,8 @@ def markdown(benchmark: dict) -> str:
         f"dtype {benchmark['dtype']}, max_new_tokens {benchmark['max_new_tokens']}, "
         f"wall {benchmark['wall_s']:.1f} s.",
     ]
+    warning = long_context_markdown(benchmark["long_context"])
+    lines += ["", warning.rstrip()] if warning else []
     for name, result in benchmark["prompt_sets"].items():
         base = result["baseline"]
         lines += [
@@ -361,6 +388,7 @@ def markdown(benchmark: dict) -> str:
                 f"{r['tokens_per_s']:.1f} | {base['tokens_per_s']:.1f} | {r['speedup']:.2f}x |"
             )
         lines += _tree_table(result)
+        lines.append(length_markdown(result).rstrip())
         label, best = best_result(result)
         lines += ["", f"Best: {label}, {best['speedup']:.2f}x at AL {best['acceptance_length']:.3f}."]
     return "\n".join(lines) + "\n\n" + recommendation_markdown(benchmark["recommended"])
@@ -425,14 +453,19 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
     settings = Settings(list(ev["k"]), ev["max_new_tokens"], stops, ev["warmup_prompts"], trees)
     # Every launch is built (and so checked) before any decoding: a refusal comes first.
     launches = {setting: sglang_launch(config, setting) for setting in settings.measured}
+    export_dir = Path(inputs["export_config"]).parent
     with gpus.acquire_gpus(evaluate_gpus(config)):
-        model, draft, aux = _load_models(config, model_info, Path(inputs["export_config"]).parent)
+        model, draft, aux = _load_models(config, model_info, export_dir)
         results, rows = benchmark_sets(model, draft, aux, sets, settings)
         device = device_name(model.device)
+    for name, table in by_length(rows, ev["length_buckets"]).items():
+        results[name]["by_length"] = table
     placeholders = {
         TARGET_MODEL: str(model_info["hf_dir"]),
         DRAFT_DIR: str(plan.export.path("sglang_config").parent),
     }
+    recommended = recommend(results, launches, placeholders)
+    draft_info = draft_context(export_dir, config["tokenize"]["max_length"])
     benchmark = {
         "key": artifact.key,
         "device": device,
@@ -443,8 +476,11 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
         "wall_s": time.time() - started,
         "lossless": True,
         "prompt_sets": results,
-        "recommended": recommend(results, launches, placeholders),
+        "recommended": recommended,
+        "long_context": long_context(results, recommended, ev["long_context_drop"], draft_info),
     }
+    if benchmark["long_context"]["flagged"]:
+        log.warning("long context: %s", benchmark["long_context"]["reason"])
     write_outputs(benchmark, rows, outputs)
     stats = {
         "device": device,

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from draftsmith.evaluate import best_result, recommendation_markdown, tree_text
+from draftsmith.evaluate import (
+    best_result,
+    length_markdown,
+    long_context_markdown,
+    recommendation_markdown,
+    tree_text,
+)
 from draftsmith.formats.markdown import coverage_sentence, fmt, table
 
 
@@ -22,7 +28,7 @@ def benchmark_markdown(
     """The run on one page. `benchmark` is the built-in evaluation (None when the config
     turns it off); `serving` the serving benchmark's Markdown, when it ran."""
     if benchmark is not None:
-        head = [_verdict(benchmark), _setup(benchmark)]
+        head = [_verdict(benchmark), long_context_markdown(benchmark["long_context"]), _setup(benchmark)]
         results = [_prompt_set(name, entry) for name, entry in sorted(benchmark["prompt_sets"].items())]
         results.append(recommendation_markdown(benchmark["recommended"]))
     else:
@@ -135,6 +141,7 @@ def _prompt_set(name: str, entry: dict) -> str:
         f"{fmt(base['tokens_per_s'], 1)} tokens/s. {coverage_sentence(entry['draft_vocab_coverage'])}\n\n"
         + table(headers, rows)
         + _trees(entry)
+        + length_markdown(entry)
         + f"\nBest: {label}, {best['speedup']:.2f}x at acceptance length "
         f"{best['acceptance_length']:.2f}.\n"
     )

@@ -318,6 +318,9 @@ class Plan:
             "device": evaluate["device"],
             "dtype": evaluate["dtype"],
             "warmup_prompts": evaluate["warmup_prompts"],
+            # The buckets and the drop threshold shape benchmark.json's by_length and long_context.
+            "length_buckets": evaluate["length_buckets"],
+            "long_context_drop": evaluate["long_context_drop"],
             "prompt_sets": sets,
         }
 
