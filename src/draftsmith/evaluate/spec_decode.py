@@ -285,6 +285,35 @@ def speculative(
         return _speculative(model, hooks, draft, list(prompt_ids), k, max_new_tokens, set(stops), accept)
 
 
+def _start(
+    model,
+    hooks: AuxHooks,
+    draft: Eagle3Draft,
+    prompt: list[int],
+    max_new_tokens: int,
+    stop_set: set[int],
+    slack: int = 0,
+) -> tuple[DynamicCache, Decoded, tuple[DraftState, torch.Tensor, torch.Tensor] | None]:
+    """The target's prefill: its cache, the first token as the result so far, and (unless that
+    token ends the decode) the draft's state with the features and next tokens it starts from;
+    `slack` positions beyond the last token leave room for a chain's proposals."""
+    cache = _new_cache(model)
+    token = _prefill(model, prompt, cache)
+    result = Decoded([token])
+    if token in stop_set or max_new_tokens == 1:
+        return cache, result, None
+    state = DraftState(draft, len(prompt) + max_new_tokens + slack)
+    return cache, result, (state, hooks.take()[0], torch.tensor(prompt[1:] + [token], device=model.device))
+
+
+def _emit(result: Decoded, emitted: list[int], max_new_tokens: int, stop_set: set[int]) -> bool:
+    """Add one verify step's tokens to `result`; True when the decode is done."""
+    kept, done = _keep(emitted, max_new_tokens - len(result.tokens), stop_set)
+    result.tokens += kept
+    result.reach.append(len(kept) - 1)
+    return done
+
+
 def _speculative(
     model,
     hooks: AuxHooks,
@@ -296,13 +325,11 @@ def _speculative(
     accept: AcceptFn,
 ) -> Decoded:
     device = model.device
-    cache = _new_cache(model)
-    token = _prefill(model, prompt, cache)
-    result = Decoded([token])
-    if token in stop_set or max_new_tokens == 1:
+    cache, result, started = _start(model, hooks, draft, prompt, max_new_tokens, stop_set, slack=k)
+    if started is None:
         return result
-    state = DraftState(draft, len(prompt) + max_new_tokens + k)
-    new_aux, new_next = hooks.take()[0], torch.tensor(prompt[1:] + [token], device=device)
+    state, new_aux, new_next = started
+    token = result.tokens[-1]
     while True:
         proposals = state.propose(new_aux, new_next, k)
         verify = torch.cat([torch.tensor([token], device=device), proposals])[None]
@@ -311,10 +338,7 @@ def _speculative(
         drafted, best = both[:k], both[k:]
         accepted = accept(drafted, best)
         emitted = drafted[:accepted] + [best[accepted]]
-        kept, done = _keep(emitted, max_new_tokens - len(result.tokens), stop_set)
-        result.tokens += kept
-        result.reach.append(len(kept) - 1)
-        if done:
+        if _emit(result, emitted, max_new_tokens, stop_set):
             return result
         cache.crop(-(k - accepted))  # keep the accepted positions' keys and values
         new_aux = hooks.take()[0, : accepted + 1]
@@ -484,13 +508,11 @@ def _tree_speculative(
 ) -> Decoded:
     num_steps, topk, num_draft_tokens = shape
     device = model.device
-    cache = _new_cache(model)
-    token = _prefill(model, prompt, cache)
-    result = Decoded([token])
-    if token in stop_set or max_new_tokens == 1:
+    cache, result, started = _start(model, hooks, draft, prompt, max_new_tokens, stop_set)
+    if started is None:
         return result
-    state = DraftState(draft, len(prompt) + max_new_tokens)
-    new_aux, new_next = hooks.take()[0], torch.tensor(prompt[1:] + [token], device=device)
+    state, new_aux, new_next = started
+    token = result.tokens[-1]
     while True:
         hidden = state.extend(new_aux, new_next)
         tree = _select(grow_tree(state, hidden, num_steps, topk), num_draft_tokens - 1)
@@ -498,10 +520,7 @@ def _tree_speculative(
         best = verify_tree(model, cache, token, tree).argmax(-1).tolist()
         path = accept(tree, best)
         emitted = [tree.tokens[i - 1] for i in path[1:]] + [best[path[-1]]]
-        kept, done = _keep(emitted, max_new_tokens - len(result.tokens), stop_set)
-        result.tokens += kept
-        result.reach.append(len(kept) - 1)
-        if done:
+        if _emit(result, emitted, max_new_tokens, stop_set):
             return result
         # The cache keeps the prefix and the accepted path; the draft gets the path's features.
         on_path = torch.tensor(path, device=device)
