@@ -41,6 +41,9 @@ SKIPPED_DIRS = {"test", "tests", "testing", "idlelib", "tkinter", "turtledemo", 
 SECTION_STARTS = ("parameters", "returns", "examples", "example", "args:", "arguments:", "raises", "see also")
 MIN_DOC_CHARS = 60
 MAX_DOC_CHARS = 1200
+# Held-out modules: a hash of the module name falls in the first `share` of these buckets.
+HASH_BUCKETS = 10_000
+HELDOUT_SHARE = 0.03
 
 
 class PromptSourceError(DraftsmithError):
@@ -74,6 +77,11 @@ def module_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
+def held_out(key: str, share: float = HELDOUT_SHARE) -> bool:
+    """Whether `key` (a module name, or any other split key) falls in the held-out share."""
+    return module_hash(key) % HASH_BUCKETS < share * HASH_BUCKETS
+
+
 def normalised(text: str) -> str:
     """The form under which two texts count as the same (case, spacing, unicode forms)."""
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
@@ -104,7 +112,7 @@ def module_files(prefix: str, root: Path) -> Iterator[tuple[str, Path]]:
             yield module, path
 
 
-def _clean(doc: str) -> str | None:
+def clean_doc(doc: str) -> str | None:
     """The docstring's prose (before its parameter sections and doctests), whole
     paragraphs up to MAX_DOC_CHARS; None when too little prose is left."""
     kept: list[str] = []
@@ -126,19 +134,26 @@ def _clean(doc: str) -> str | None:
 
 def documented_objects(module: str, path: Path) -> Iterator[Documented]:
     """Public, documented top-level functions and classes (and class methods) of one file."""
+    for obj, name, doc in documented_nodes(path):
+        kind = "class" if isinstance(obj, ast.ClassDef) else "function"
+        yield Documented(module, name, kind, doc)
+
+
+def documented_nodes(path: Path) -> Iterator[tuple[ast.AST, str, str]]:
+    """(definition node, dotted name, cleaned docstring) of documented_objects, in its order."""
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError):
         return  # a file for another Python version: not this machine's library text
     for node in tree.body:
-        for obj, name in _public(node, ""):
-            doc = _clean(ast.get_docstring(obj) or "")
+        for obj, name in public_definitions(node, ""):
+            doc = clean_doc(ast.get_docstring(obj) or "")
             if doc is not None:
-                kind = "class" if isinstance(obj, ast.ClassDef) else "function"
-                yield Documented(module, name, kind, doc)
+                yield obj, name, doc
 
 
-def _public(node: ast.AST, owner: str) -> Iterator[tuple[ast.AST, str]]:
+def public_definitions(node: ast.AST, owner: str) -> Iterator[tuple[ast.AST, str]]:
+    """A public function or class and, for a top-level class, its public members."""
     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return
     if node.name.startswith("_"):
@@ -147,7 +162,7 @@ def _public(node: ast.AST, owner: str) -> Iterator[tuple[ast.AST, str]]:
     yield node, name
     if isinstance(node, ast.ClassDef) and not owner:
         for child in node.body:
-            yield from _public(child, f"{name}.")
+            yield from public_definitions(child, f"{name}.")
 
 
 def collect(
@@ -158,10 +173,9 @@ def collect(
     seen: set[str] = set()
     train: list[dict] = []
     heldout: list[dict] = []
-    buckets = 10_000
     for prefix, root in roots:
         for module, path in module_files(prefix, root):
-            held = module_hash(module) % buckets < heldout_share * buckets
+            held = held_out(module, heldout_share)
             for obj in documented_objects(module, path):
                 key = normalised(obj.doc)
                 if key in seen:
@@ -179,7 +193,7 @@ def build(
     packages: list[str],
     min_train: int,
     heldout_count: int,
-    heldout_share: float = 0.03,
+    heldout_share: float = HELDOUT_SHARE,
     stdlib: bool = True,
     templates: int = 1,
 ) -> dict:
