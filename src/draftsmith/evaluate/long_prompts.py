@@ -33,7 +33,9 @@ from itertools import pairwise
 from pathlib import Path
 
 from draftsmith.docstring_prompts import (
+    HELDOUT_SHARE,
     PromptSourceError,
+    held_out,
     module_files,
     module_hash,
     normalised,
@@ -50,7 +52,6 @@ TASKS = {
 # Generated codec tables: no code anyone writes or asks about.
 SKIPPED_MODULES = ("encodings",)
 MIN_SHARED_LINE = 40  # characters: shorter lines (`return self`) are common to any code
-HASH_BUCKETS = 10_000  # docstring_prompts.collect's held-out split
 
 
 @dataclass
@@ -62,11 +63,6 @@ class Source:
     lines: list[str]
     cursor: int = 0  # lines before it went into earlier prompts
     taken: int = 0  # prompts made from it
-
-
-def held_out(module: str, share: float) -> bool:
-    """Whether docstring_prompts holds `module` out at held-out share `share`."""
-    return module_hash(module) % HASH_BUCKETS < share * HASH_BUCKETS
 
 
 def _version(prefix: str) -> str:
@@ -215,7 +211,7 @@ def build(
     packages: list[str] | None = None,
     stdlib: bool = True,
     exclude: list[Path] | None = None,
-    heldout_share: float = 0.03,
+    heldout_share: float = HELDOUT_SHARE,
 ) -> dict:
     """Write the prompt set (format prompt) to `out`; returns what it holds and where from."""
     roots = source_roots(packages or [], stdlib)
@@ -242,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--package", action="append", default=[], help="an installed package to read too")
     parser.add_argument("--no-stdlib", action="store_true")
     parser.add_argument("--exclude", type=Path, action="append", default=[], help="a training prompt file")
-    parser.add_argument("--heldout-share", type=float, default=0.03, help="docstring_prompts' held-out share")
+    parser.add_argument(
+        "--heldout-share", type=float, default=HELDOUT_SHARE, help="docstring_prompts' held-out share"
+    )
     args = parser.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     try:
