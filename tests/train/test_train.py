@@ -261,6 +261,34 @@ def test_data_parallel_gloo_equals_one_process(spec, tmp_path):
         torch.testing.assert_close(weights_two[name], tensor, rtol=1e-4, atol=1e-4)
 
 
+def test_resume_across_a_change_of_process_count(spec, tmp_path):
+    """Segment 0 on one process, segment 1 on two (gloo): the steps, the data position and
+    the weights of one process running both, within float tolerance."""
+    first = train.run_segment(spec, 0, None, tmp_path / "ckpt-0.pt", tmp_path / "m0.jsonl")
+    straight = train.run_segment(spec, 1, tmp_path / "ckpt-0.pt", tmp_path / "one.pt", tmp_path / "one.jsonl")
+    two_spec = copy.deepcopy(spec)
+    two_spec["train"]["gpus"] = 2
+    train.launch(
+        two_spec, 1, tmp_path / "ckpt-0.pt", tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2
+    )
+    single = [r for r in straight["records"] if r["kind"] == "train"]
+    parallel = [r for r in read_records(tmp_path / "two.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in first["records"] if r["kind"] == "train"] == [1, 2, 3]
+    assert [(r["step"], r["tokens"]) for r in parallel] == [(r["step"], r["tokens"]) for r in single]
+    for a, b in zip(single, parallel, strict=True):
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5)
+    one = torch.load(tmp_path / "one.pt", weights_only=True)
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    assert one["step"] == two["step"] == 6 and one["data"] == two["data"]
+    for name, tensor in one["model"].items():
+        torch.testing.assert_close(two["model"][name], tensor, rtol=1e-4, atol=1e-4)
+
+
+def test_nccl_between_gpus_gloo_on_cpu():
+    assert train.process_group_backend("cuda") == "nccl"
+    assert train.process_group_backend("cpu") == "gloo"
+
+
 def test_srun_tasks_take_their_ranks_from_slurm(spec, tmp_path):
     """Two processes given only what srun gives its tasks (SLURM_PROCID, SLURM_NTASKS,
     SLURM_LOCALID) and the launcher's rendezvous train exactly as torchrun's two ranks."""

@@ -593,6 +593,11 @@ def launch(
         raise TrainError(f"{launcher} for segment {segment} exited with code {code}: {shlex.join(cmd)}")
 
 
+def process_group_backend(device: str) -> str:
+    """NCCL between GPUs (gloo would copy every all-reduce through host memory), gloo on CPU."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one rank: `python -m draftsmith.train.loop JOB.json [--slurm]` (a
     torchrun process, or with `--slurm` an srun task)."""
@@ -612,11 +617,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs.set_parent_death_signal()
     import torch.distributed as dist
 
-    cuda = job["spec"]["train"]["device"] == "cuda"
-    if cuda:
+    device = job["spec"]["train"]["device"]
+    if device == "cuda":
         # torchrun shows a rank every GPU; srun with --gpus-per-task shows it its own.
         torch.cuda.set_device(dist_env.local_rank % torch.cuda.device_count())
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group(process_group_backend(device))
     try:
         run_segment(job["spec"], job["segment"], job["previous"], job["checkpoint"], job["metrics"], dist_env)
         dist.barrier()
