@@ -2,10 +2,12 @@
 # Every artifact is a declared output under a content-addressed key; see
 # docs/architecture.md. Each stage's rule is its target: `snakemake merged`,
 # `snakemake hidden_estimate`, `snakemake hidden`, `snakemake train`, `snakemake export`,
-# `snakemake evaluate`, `snakemake serve_bench`, `snakemake report`, `snakemake verify`.
+# `snakemake evaluate`, `snakemake search`, `snakemake serve_bench`, `snakemake report`,
+# `snakemake verify`.
 
 import os
 
+from draftsmith.config import search_enabled, search_prompt_set, served_search_settings
 from draftsmith.runtime.resources import (
     evaluate_gpus,
     hidden_gpus,
@@ -43,6 +45,7 @@ include: "rules/vocab.smk"
 include: "rules/train.smk"
 include: "rules/export.smk"
 include: "rules/evaluate.smk"
+include: "rules/search.smk"
 include: "rules/serve_bench.smk"
 include: "rules/verify.smk"
 include: "rules/report.smk"
@@ -56,6 +59,7 @@ rule all:
         rules.train.output,
         rules.export.output,
         rules.report_html.output,
+        rules.search.output if search_enabled(config) else [],
         rules.serve_bench.output if config["serve_benchmark"]["enabled"] else [],
         # Every artifact the config builds, so a deleted directory is rebuilt (its
         # dependents stay: their inputs count by content, see rules/common.smk).

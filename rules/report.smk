@@ -32,6 +32,12 @@ rule report:
                 if config["serve_benchmark"]["enabled"]
                 else []
             ),
+            serve_benchmark_json=(
+                [str(PLAN.serve_bench.path("json"))]
+                if config["serve_benchmark"]["enabled"]
+                else []
+            ),
+            search=[str(PLAN.search.path("json"))] if search_enabled(config) else [],
         ),
         # Written in this run when the estimate changes: compared by time, like results/.
         estimate=str(PLAN.result("estimate")),

@@ -1,6 +1,7 @@
 # Serve bench (production path, GPUs and SGLang only): the converted target served
-# alone, then with the exported SGLang draft for each k, one server at a time; per-server
-# logs beside the report. Logic and refusals: src/draftsmith/serve_bench/.
+# alone, then with the exported SGLang draft for each k and for the settings search's best
+# settings (when it runs), one server at a time; per-server logs beside the report. Logic
+# and refusals: src/draftsmith/serve_bench/.
 
 
 rule serve_bench:
@@ -12,6 +13,11 @@ rule serve_bench:
             prompts=prompt_set_paths(config["serve_benchmark"]["prompt_set"]),
             merged=MERGED,
             responses=MERGED_RESPONSES,
+            search=(
+                [str(PLAN.search.path("json"))]
+                if served_search_settings(config)
+                else []
+            ),
         ),
     output:
         **built(PLAN.serve_bench.outputs),

@@ -165,6 +165,24 @@ def export_serving_context(config: dict) -> int:
     return config["export"]["serving_context"] or config["train"]["max_position_embeddings"]
 
 
+def search_enabled(config: dict) -> bool:
+    """Whether the settings search runs: it decodes with the built-in evaluator, so a config
+    that turns the evaluator off (a target HF cannot hold) turns the search off too."""
+    return config["search"]["enabled"] and config["evaluate"]["enabled"]
+
+
+def search_prompt_set(config: dict) -> str | None:
+    """The evaluate.prompt_sets entry the search decodes: search.prompt_set, else the first
+    name in sorted order (None when there is no set)."""
+    named = config["search"]["prompt_set"]
+    return named if named is not None else min(config["evaluate"]["prompt_sets"], default=None)
+
+
+def served_search_settings(config: dict) -> int:
+    """How many of the search's best settings the serving benchmark also serves (0: none)."""
+    return config["search"]["confirm_top"] if search_enabled(config) else 0
+
+
 def generation_dtype(config: dict) -> str:
     """The dtype the in-process (hf) backend generates in: generation.hf.dtype, else the model's."""
     return config["generation"]["hf"]["dtype"] or config["model"]["dtype"]

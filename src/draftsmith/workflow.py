@@ -1,8 +1,9 @@
 """What the Snakefile (and `draftsmith plan`) does first: validate a config and plan it.
 
 Validation is the schema (`config.validate`) plus the checks a stage owns about its own
-settings (the evaluator's trees, the serving benchmark's launch refusals), so a bad
-setting fails before any job runs, with the key path at fault.
+settings (the evaluator's trees, the settings search's prompt set and grid, the serving
+benchmark's launch refusals), so a bad setting fails before any job runs, with the key
+path at fault.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
 from draftsmith.evaluate.settings import check_config as check_evaluate
 from draftsmith.formats.datasets import JSONL_SUFFIXES
+from draftsmith.search.grid import check_config as check_search
 from draftsmith.serve_bench.command import check_config as check_serve_bench
 from draftsmith.store.plan import Plan, plan_for
 
@@ -31,7 +33,9 @@ def _rows(path: Path, limit: int) -> int:
 def configure(config: dict, source: str = "config") -> Plan:
     """Validate `config` in place (defaults filled in) and return its artifact plan."""
     cfg.validate(config, source)
-    checks = [check_evaluate] + ([check_serve_bench] if config["serve_benchmark"]["enabled"] else [])
+    checks = [check_evaluate]
+    checks += [check_search] if cfg.search_enabled(config) else []
+    checks += [check_serve_bench] if config["serve_benchmark"]["enabled"] else []
     for check in checks:
         try:
             check(config)

@@ -472,6 +472,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
         "prompt_sets",
         "recommended",
         "long_context",
+        "by_set",
     }
     assert bench["key"] == plan_for(config).evaluate.key and bench["lossless"] is True
     assert bench["k"] == [1, 2] and bench["trees"] == [TREE] and bench["device"].startswith("cpu")

@@ -7,12 +7,15 @@ and the server's lifetime is checked with a small stand-in.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import sglang_server_args
+from packaging.version import Version
 
 from draftsmith import config
 from draftsmith.errors import DraftsmithError, ModelError
@@ -314,9 +317,24 @@ def test_pair_passes():
         pair_passes(aux, [])
 
 
+def _sglang_before(version: str) -> bool:
+    try:
+        return Version(importlib.metadata.version("sglang")) < Version(version)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+# The aux capture flags are new in SGLang 0.5.23: 0.5.16 (the H200 machine's) and 0.5.21 (CI's
+# parser, requirements/sglang-parser.txt) refuse the aux command. Strict: passing would be news.
+@pytest.mark.xfail(
+    _sglang_before("0.5.23"),
+    reason="--enable-return-aux-hidden-states is new in SGLang 0.5.23",
+    raises=SystemExit,
+    strict=True,
+)
 def test_sglang_parses_the_commands(llama):
-    """Where SGLang is installed (not here), its own parser must accept both commands."""
-    server_args = pytest.importorskip("sglang.srt.server_args")
+    """SGLang's own parser must accept both commands."""
+    server_args = sglang_server_args()
     for mode in CaptureMode:
         cmd = build_capture_command(llama, launch(), AuxLayers.default(30), mode=mode)
         args = server_args.prepare_server_args(cmd[3:])

@@ -19,9 +19,11 @@ import pytest
 import yaml
 from conftest import REPO, snakemake, snakemake_cmd, workflow_config, write_rows
 from matplotlib.image import imread
+from search.test_summary import fixture_search
 
 from draftsmith import config as cfg
 from draftsmith.evaluate.length import long_context
+from draftsmith.evaluate.sets import by_set
 from draftsmith.formats.markdown import to_html
 from draftsmith.hidden import estimate
 from draftsmith.merged import data_report as report
@@ -143,6 +145,7 @@ def fixture_benchmark(lossless: bool = True) -> dict:
         "prompt_sets": prompt_sets,
         "recommended": recommended,
         "long_context": long_context(prompt_sets, recommended, 0.8, DRAFT),
+        "by_set": by_set(prompt_sets, recommended["setting"], 0.85),
     }
 
 
@@ -434,8 +437,8 @@ def test_html_pages_render_the_report_tables():
     assert "a&lt;b&gt;&amp;c" in page and "<b>" not in page  # cells are escaped
     assert "<code>fedcba9876543210</code>" in page
     summary = to_html(summary_text(fixture_benchmark()), "Benchmark")
-    # Data, estimate, training (2), then per prompt set the chain, tree and by-length table.
-    assert "<strong>Lossless: yes.</strong>" in summary and summary.count("<table>") == 10
+    # Data, estimate, training (2), per prompt set the chain, tree and by-length table, the sets.
+    assert "<strong>Lossless: yes.</strong>" in summary and summary.count("<table>") == 11
     assert "<h2>Prompt set <code>chat</code> (3 prompts)</h2>" in summary
     assert "<th>tree (num_steps/topk/num_draft_tokens)</th>" in summary
     assert "<h2>Recommended SGLang settings</h2>" in summary
@@ -571,6 +574,7 @@ def test_snakemake_report_shows_every_result(tmp_path):
     sources = inputs | {f"metrics-{i}": path for i, path in enumerate(inputs["metrics"])}
     for name, path in planned.items():
         atomic.write_text(path, Path(sources[name]).read_text())
+    atomic.write_text(plan.search.path("json"), json.dumps(fixture_search()))  # the search is on by default
 
     run = snakemake(tmp_path, config, "report_html", "--allowed-rules", "report", "report_html")
     assert "draftsmith: writing the HTML report" in run.stderr
@@ -599,4 +603,23 @@ def test_snakemake_report_shows_every_result(tmp_path):
         assert entry["caption"].strip(), f"{path}: no caption"
         assert entry["mime_type"] == ("image/png" if path.endswith(".png") else "text/html")
     assert "speed-up" in Path(outputs["summary_html"]).read_text()
+    assert "Settings search" in Path(outputs["summary_html"]).read_text()
     assert "draftsmith run <strong>test</strong>" in html  # report/workflow.rst, rendered
+
+
+def test_summary_compares_the_prompt_sets_and_warns_when_they_disagree():
+    benchmark = fixture_benchmark()
+    text = summary_text(benchmark)
+    part = section(text, "Acceptance by prompt set")
+    chat, code = benchmark["prompt_sets"]["chat"], benchmark["prompt_sets"]["code"]
+    assert table_row(part, "`chat`")[1:4] == [f"{chat['by_k'][k]['acceptance_length']:.2f}" for k in "123"]
+    assert table_row(part, "`code`")[-1] == "100%"  # both sets' recommended tree accepts alike
+    assert "Prompt-set warning" not in text
+    code["by_tree"]["3-2-6"]["acceptance_length"] = 1.5
+    benchmark["by_set"] = by_set(benchmark["prompt_sets"], "tree 3/2/6", 0.85)
+    text = summary_text(benchmark)
+    assert table_row(section(text, "Acceptance by prompt set"), "`code`")[-1] == "51%"
+    warning = text.split("**Prompt-set warning:** ", 1)[1].split("\n", 1)[0]
+    assert warning.startswith("at tree 3/2/6, acceptance length falls below 85% of the best set's (`chat`")
+    assert "on `code` 1.50 (51%)" in warning
+    assert text.index("Prompt-set warning") < text.index("## Data")

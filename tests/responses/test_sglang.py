@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import sglang_server_args
 
 from draftsmith.errors import DraftsmithError, GenerationError
 from draftsmith.formats.responses import Usage
@@ -62,6 +63,16 @@ def test_optional_flags_then_extra_args_in_order():
         "--mem-fraction-static", "0.85", "--context-length", "8192",
         "--disable-radix-cache", "--chunked-prefill-size", "-1", "--dtype=bfloat16",
     ]  # fmt: skip
+
+
+def test_sglang_parses_the_command():
+    """SGLang's own parser reads the generation server's command as built, extra args included."""
+    extra = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--dtype=bfloat16"]
+    cfg = _cfg(port=31000, tp_size=2, mem_fraction_static=0.85, context_length=8192, extra_args=extra)
+    args = sglang_server_args().prepare_server_args(build_launch_command(MODEL, cfg)[3:])
+    assert (args.model_path, args.host, args.port, args.tp_size) == (MODEL, "127.0.0.1", 31000, 2)
+    assert (args.mem_fraction_static, args.context_length, args.dtype) == (0.85, 8192, "bfloat16")
+    assert args.disable_radix_cache and args.chunked_prefill_size == -1
 
 
 @pytest.mark.parametrize(

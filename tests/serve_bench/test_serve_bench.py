@@ -7,6 +7,7 @@ checked against a small stand-in started through the same launch code.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import write_rows, write_training
+from conftest import sglang_server_args, write_rows, write_training
 
 from draftsmith.errors import ConfigError, ServerError
 from draftsmith.formats.prompt_sets import OverlapError
@@ -47,6 +48,9 @@ MODEL = "/models/target"
 DRAFT = Path("/artifacts/export/0123456789abcdef/sglang")
 BASE = ["python3", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "127.0.0.1", "--port", "31000", "--tp-size", "1"]  # fmt: skip
+# The draft as exported: SGLang would otherwise quantize it as the target's --quantization says.
+LOAD_DRAFT = ["--speculative-draft-model-path", str(DRAFT),
+              "--speculative-draft-model-quantization", "unquant"]  # fmt: skip
 
 
 def _config(tmp_path: Path, top: dict | None = None, **bench) -> dict:
@@ -76,12 +80,12 @@ def test_baseline_and_chain_commands(tmp_path):
     assert commands == {
         "baseline": BASE,
         "k1": BASE + [
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFT),
+            "--speculative-algorithm", "EAGLE3", *LOAD_DRAFT,
             "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", "2",
         ],
         "k3": BASE + [
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFT),
+            "--speculative-algorithm", "EAGLE3", *LOAD_DRAFT,
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", "4",
         ],
@@ -98,7 +102,7 @@ def test_server_settings_then_extra_args(tmp_path):
         "/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "127.0.0.1", "--port", "30500", "--tp-size", "8",
         "--mem-fraction-static", "0.85", "--context-length", "16384",
-        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFT),
+        "--speculative-algorithm", "EAGLE3", *LOAD_DRAFT,
         "--speculative-num-steps", "7", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "8",
         "--disable-custom-all-reduce", "--trust-remote-code",
@@ -106,27 +110,33 @@ def test_server_settings_then_extra_args(tmp_path):
 
 
 def test_sglang_parses_the_commands(tmp_path):
-    """Where SGLang is importable (not in the project venv), its own parser reads every command."""
-    server_args = pytest.importorskip("sglang.srt.server_args", reason="sglang is not installed here")
-    bench = _bench(tmp_path, k=[1, 4], sglang={"tp_size": 2, "context_length": 4096})
-    for name, cmd in build_commands(MODEL, DRAFT, bench, 31000).items():
+    """SGLang's own parser reads every command: the baseline, the chains, the search's tree."""
+    server_args = sglang_server_args()
+    sglang = {"tp_size": 2, "context_length": 4096, "extra_args": ["--quantization", "fp8"]}
+    bench = _bench(tmp_path, k=[1, 4], sglang=sglang)
+    commands = build_commands(MODEL, DRAFT, bench, 31000, [Speculation(3, 2, 6)])
+    assert list(commands) == ["baseline", "k1", "k4", "tree3-2-6"]
+    settings = {"k1": (1, 1, 2), "k4": (4, 1, 5), "tree3-2-6": (3, 2, 6), "baseline": (None, None, None)}
+    for name, cmd in commands.items():
         args = server_args.prepare_server_args(cmd[3:])
         assert (args.model_path, args.host, args.port, args.tp_size) == (MODEL, "127.0.0.1", 31000, 2)
-        assert args.context_length == 4096
-        k = None if name == "baseline" else int(name[1:])
-        assert args.speculative_algorithm == (k and "EAGLE3")
-        assert args.speculative_num_steps == k
-        assert args.speculative_draft_model_path == (k and str(DRAFT))
-        assert (args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (
-            (1, k + 1) if k else (None, None)
-        )
+        assert (args.context_length, args.quantization) == (4096, "fp8")
+        draft = name != "baseline"
+        assert args.speculative_algorithm == ("EAGLE3" if draft else None)
+        assert args.speculative_draft_model_path == (str(DRAFT) if draft else None)
+        read = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+        assert read == settings[name]
+        # The target is fp8; the draft runs as exported, not inheriting it.
+        assert args.speculative_draft_model_quantization == ("unquant" if draft else None)
+        assert args.speculative_draft_window_size is None and not args.speculative_use_rejection_sampling
 
 
 TREE_FLAGS = Speculation(3, 2, 6).flags("EAGLE3", DRAFT)
 
 
 def test_check_launch_without_sglang_knows_the_flags(monkeypatch):
-    monkeypatch.setitem(sys.modules, "sglang", None)  # not importable, installed or not
+    for name in ("sglang", "sglang.srt", "sglang.srt.server_args"):
+        monkeypatch.setitem(sys.modules, name, None)  # not importable, installed (or imported) or not
     assert check_launch(BASE + TREE_FLAGS, TREE_FLAGS) is False
     with pytest.raises(ServeBenchError, match=r"\['--speculative-tree-width'\]: not SGLang launch flags"):
         check_launch(BASE + ["--speculative-tree-width", "2"], ["--speculative-tree-width", "2"])
@@ -139,7 +149,8 @@ def _sglang_stand_in(monkeypatch, topk_type) -> None:
         @staticmethod
         def add_cli_args(parser) -> None:
             parser.add_argument("--model-path", required=True)
-            for flag in ("--host", "--speculative-algorithm", "--speculative-draft-model-path"):
+            for flag in ("--host", "--speculative-algorithm", "--speculative-draft-model-path",
+                         "--speculative-draft-model-quantization"):  # fmt: skip
                 parser.add_argument(flag)
             for flag in ("--port", "--tp-size", "--speculative-num-steps", "--speculative-num-draft-tokens"):
                 parser.add_argument(flag, type=int)
@@ -163,8 +174,8 @@ def test_check_launch_has_sglangs_parser_read_the_command(monkeypatch):
 
 
 def test_sglang_reads_a_tree_launch():
-    """Where SGLang is importable (not in the project venv), its own parser checks a tree's flags."""
-    pytest.importorskip("sglang.srt.server_args", reason="sglang is not installed here")
+    """SGLang's own parser checks a tree's flags, as the evaluator's recommended launch."""
+    sglang_server_args()
     assert check_launch(BASE + TREE_FLAGS, TREE_FLAGS) is True
 
 
@@ -224,7 +235,17 @@ def test_serving_context_may_follow_the_exported_context(tmp_path):
         (["--load-format", "dummy"], "--load-format dummy loads random weights"),
         (["--load-format=dummy"], "--load-format dummy loads random weights"),
         (["--speculative-num-steps", "5"], "duplicates --speculative-num-steps.*serve_benchmark.k"),
-        (["--speculative-draft-model", "/x"], "duplicates --speculative-draft-model"),
+        (["--speculative-draft-model", "/x"], "duplicates --speculative-draft-model, which"),
+        (
+            ["--speculative-draft-model-q", "fp8"],
+            "duplicates --speculative-draft-model-quantization.*unquant",
+        ),
+        (["--speculative-draft-window-size", "512"], "attention to recent positions"),
+        (["--speculative-dflash-draft-window-size=512"], "attention to recent positions"),
+        (["--speculative-draft-sink-size", "4"], "attention to recent positions"),
+        (["--speculative-draft-kv-cache-dtype", "fp8_e4m3"], "KV cache a dtype of its own"),
+        (["--speculative-use-rejection-sampling"], "replaces greedy verification.*samples the draft's"),
+        (["--speculative-use-block"], "replaces greedy verification.*rejection sampling on"),
         (["--speculative-algorithm=EAGLE"], "serve_benchmark.speculative_algorithm"),
         (["--speculative-eagle-topk", "4"], "serve_benchmark.eagle_topk"),
         (["--speculative-num-draft-tokens", "9"], "serve_benchmark.num_draft_tokens"),
@@ -242,6 +263,41 @@ def test_harmless_extra_args_pass():
     check_extra_args(
         ["--load-format", "safetensors", "--speculative-attention-mode", "decode", "--cuda-graph-max-bs", "8"]
     )
+
+
+# Speculative options of SGLang 0.5.21 (requirements/sglang-parser.txt) that neither change what
+# the benchmark measures nor repeat a flag the builder sets: kernels and backends, a hub revision
+# (the export is a local directory), and other algorithms' settings. SGLang itself refuses
+# --speculative-skip-dp-mlp-sync with EAGLE3.
+HARMLESS = {
+    "--speculative-attention-mode", "--speculative-draft-attention-backend",
+    "--speculative-dsa-topk-backend", "--speculative-moe-runner-backend", "--speculative-moe-a2a-backend",
+    "--speculative-draft-model-revision", "--speculative-skip-dp-mlp-sync",
+    "--speculative-dflash-block-size", "--speculative-domino-candidate-pool-size",
+}  # fmt: skip
+OTHER_ALGORITHMS = ("--speculative-dspark-", "--speculative-ngram-")
+
+
+def _refused(flag: str) -> bool:
+    try:
+        check_extra_args([flag])
+    except ServeBenchError:
+        return True
+    return False
+
+
+def test_every_speculative_option_of_sglang_is_decided():
+    """Each speculative option of the installed SGLang is built, refused or harmless (HARMLESS), so
+    an option a newer SGLang adds fails here until someone decides on it."""
+    parser = argparse.ArgumentParser()
+    sglang_server_args().ServerArgs.add_cli_args(parser)
+    speculative = [
+        action for action in parser._actions if {"speculative", "eagle"} & set(action.dest.split("_"))
+    ]
+    flags = {flag for action in speculative for flag in action.option_strings}
+    assert "--enable-multi-layer-eagle" in flags
+    harmless = {flag for flag in flags if flag in HARMLESS or flag.startswith(OTHER_ALGORITHMS)}
+    assert {flag for flag in flags if not _refused(flag)} == harmless
 
 
 def _draft_dir(tmp_path: Path, **config) -> Path:
@@ -334,7 +390,7 @@ def test_one_token_draft_answer_has_no_verify_pass():
         (
             _answer("p", 64, **_spec(10, 64, 3)),
             3,
-            "64 tokens in 10 verify steps is impossible for a chain of k=3",
+            "64 tokens in 10 verify steps is impossible with 3 draft steps per verify step",
         ),
         (_answer("p", 64, spec_verify_ct=0), 3, "0 verify steps is impossible"),
         (_answer("p", 4, **_spec(5, 4, 3)), 3, "4 tokens in 5 verify steps"),
@@ -390,15 +446,18 @@ def test_settings_pair_each_k_with_the_baseline():
     draft = {
         1: metrics.PassResult(1, [_result("a", 100, 1.0, 40, text="y"), _result("b", 100, 0.6, 30)], 1.6)
     }
-    (row,) = metrics.settings(baseline, {3: draft})
-    assert (row["k"], row["concurrency"]) == (3, 1)
+    (row,) = metrics.settings(baseline, {Speculation.chain(3): draft})
+    assert (row["setting"], row["k"], row["concurrency"]) == ("k=3", 3, 1)
+    assert (row["num_steps"], row["topk"], row["num_draft_tokens"]) == (3, 1, 4)
     assert (row["baseline"]["tokens_per_s"], row["draft"]["tokens_per_s"]) == (50.0, 125.0)
     assert row["speedup"] == 2.5
     assert row["draft"]["acceptance_length"] == round(200 / 70, 4)
     assert row["draft"]["same_output_as_baseline"] == 1
     report = {"experiment": "e", "key": "k" * 16, "prompt_set": "held", "prompts": 2, "max_new_tokens": 100,
               "settings": [row]}  # fmt: skip
-    assert "| 3 | 1 | 50.00 | 125.00 | 2.50x | 2.86 | 1/2 |" in metrics.markdown(report)
+    assert "| k=3 | 1 | 50.00 | 125.00 | 2.50x | 2.86 | 1/2 |" in metrics.markdown(report)
+    (tree,) = metrics.settings(baseline, {Speculation(3, 2, 6): draft})
+    assert (tree["setting"], tree["k"], tree["topk"]) == ("tree 3/2/6", None, 2)
 
 
 def test_speedup():
@@ -592,7 +651,7 @@ def test_a_dead_server_is_reported_with_its_log(tmp_path, fake, monkeypatch):
     with pytest.raises(
         ServerError, match=rf"exited with code 3 .*last lines of {log_path}:\nfake sglang: fail"
     ):
-        run_server(cmd, url, PROMPTS, bench, k=None, log_path=log_path)
+        run_server(cmd, url, PROMPTS, bench, setting=None, log_path=log_path)
 
 
 # A job process: the draftsmith signal handlers and one benchmark, as the rule runs it.
@@ -650,12 +709,14 @@ def test_stage_writes_report_manifest_and_logs(tmp_path, fake, demo_model_dir):
     assert report["key"] == plan_for(config).serve_bench.key
     assert (report["prompt_set"], report["prompts"], report["max_new_tokens"]) == ("held", 2, 7)
     (row,) = report["settings"]
-    assert set(row) == {"k", "concurrency", "baseline", "draft", "speedup"}
+    shape = {"num_steps", "topk", "num_draft_tokens"}
+    assert set(row) == {"setting", "k", *shape, "concurrency", "baseline", "draft", "speedup"}
     assert set(row["baseline"]) >= {"tokens_per_s", "requests", "tokens", "seconds"}
     assert row["draft"]["acceptance_length"] == round(14 / 4, 4)  # 7 tokens: 1 + 2 steps of 3
     k2 = report["command"]["k2"]
     assert k2[k2.index("--speculative-draft-model-path") + 1] == str(draft)
-    assert "| 2 | 1 |" in Path(outputs["md"]).read_text()
+    assert "| k=2 | 1 |" in Path(outputs["md"]).read_text()
+    assert "search" not in report  # no settings search served here
     written = manifest.read(outputs["manifest"])
     assert written["stage"] == "serve_bench" and written["key"] == report["key"]
     assert set(written["files"]) == {
@@ -694,3 +755,85 @@ def test_stage_refuses_a_prompt_the_draft_was_trained_on(tmp_path, fake, demo_mo
     with pytest.raises(OverlapError, match=r"prompt set 'held' row held-000001 .* train-000007"):
         serve_bench(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
     assert _launches(tmp_path) == []  # refused before any server started
+
+
+# --- the settings search's best settings ----------------------------------------------------
+SEARCHED = [Speculation(3, 2, 6), Speculation.chain(3), Speculation.chain(2)]  # k=3 is configured too
+
+
+def test_search_settings_join_the_configured_chains_once(tmp_path):
+    commands = build_commands(MODEL, DRAFT, _bench(tmp_path, k=[1, 3]), 31000, SEARCHED)
+    assert list(commands) == ["baseline", "k1", "k3", "tree3-2-6", "k2"]
+    assert commands["tree3-2-6"] == BASE + TREE_FLAGS
+    assert commands["k2"] == BASE + Speculation.chain(2).flags("EAGLE3", DRAFT)
+
+
+def test_a_search_setting_no_tree_can_hold_is_refused(tmp_path):
+    with pytest.raises(ServeBenchError, match=r"num_draft_tokens must be between 2 and 11 .* got 20"):
+        build_commands(MODEL, DRAFT, _bench(tmp_path), 31000, [Speculation(3, 2, 20)])
+
+
+def test_search_settings_served_against_a_stand_in(tmp_path, fake):
+    bench = _fake_bench(tmp_path, fake, k=[1])
+    result = run_benchmark(MODEL, DRAFT, PROMPTS, bench, tmp_path / "logs", free_port(), SEARCHED[:1])
+    assert list(result["command"]) == ["baseline", "k1", "tree3-2-6"]
+    assert [launch["earlier_running"] for launch in _launches(tmp_path)] == [[], [], []]
+    tree = next(row for row in result["settings"] if row["setting"] == "tree 3/2/6")
+    assert (tree["k"], tree["num_steps"], tree["topk"], tree["num_draft_tokens"]) == (None, 3, 2, 6)
+    # 13 tokens: the prefill's one, then 12 in steps of min(num_steps, 2) + 1 tokens.
+    assert tree["draft"]["acceptance_length"] == round(26 / 8, 4)
+    assert "fake sglang: ready 3" in (tmp_path / "logs" / "tree3-2-6.log").read_text()
+    _all_gone(tmp_path, fake)
+
+
+def test_search_verdict_names_the_fastest_served():
+    rows = [
+        {"setting": label, "concurrency": c, "speedup": x}
+        for label, c, x in [("k=3", 1, 1.5), ("tree 3/2/6", 1, 1.4), ("k=2", 1, 1.5), ("tree 3/2/6", 8, 3.0)]
+    ]
+    search = {"key": "f" * 16, "recommended": {"setting": "tree 3/2/6"}}
+    verdict = metrics.search_verdict(rows, search, ["tree 3/2/6", "k=3", "k=2"])
+    assert verdict == {
+        "key": "f" * 16,
+        "recommended": "tree 3/2/6",
+        "served": ["tree 3/2/6", "k=3", "k=2"],
+        "concurrency": 1,  # single stream, as the search measured
+        "speedups": {"tree 3/2/6": 1.4, "k=3": 1.5, "k=2": 1.5},
+        "fastest": "k=3",  # ties go to the better search rank
+        "confirmed": False,
+    }
+    rows[1]["speedup"] = 1.6
+    assert metrics.search_verdict(rows, search, ["tree 3/2/6", "k=3", "k=2"])["confirmed"] is True
+
+
+def test_stage_serves_the_search_best_and_says_what_it_confirmed(tmp_path, fake, demo_model_dir):
+    from search.test_summary import fixture_search
+
+    sglang = {"python": str(fake), "startup_timeout_s": 30, "request_timeout_s": 30}
+    config = _config(tmp_path, k=[2], max_new_tokens=7, warmup_requests=0, sglang=sglang)
+    config["search"]["confirm_top"] = 2
+    config["model"]["source"]["path"] = str(demo_model_dir)
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"hf_dir": str(demo_model_dir)}))
+    search = tmp_path / "search.json"
+    search.write_text(json.dumps(fixture_search()))  # best two: tree 3/2/6, k=3
+    out = tmp_path / "out"
+    names = {"json": "serve_benchmark.json", "md": "serve_benchmark.md", "manifest": "manifest.json"}
+    outputs = {role: str(out / name) for role, name in names.items()}
+    train, responses = write_training(tmp_path, {"train-000000": "Name three animals."})
+    inputs = {
+        "model": str(model),
+        "draft_config": str(_draft_dir(tmp_path) / "config.json"),
+        "search": [str(search)],
+    }
+    report = serve_bench(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
+    assert list(report["command"]) == ["baseline", "k2", "tree3-2-6", "k3"]
+    verdict = report["search"]
+    assert (verdict["recommended"], verdict["served"]) == ("tree 3/2/6", ["tree 3/2/6", "k=3"])
+    assert verdict["fastest"] in verdict["served"] and verdict["confirmed"] is (
+        verdict["fastest"] == "tree 3/2/6"
+    )
+    assert "Settings search `0123456789abcdef`: its best 2 settings served" in Path(outputs["md"]).read_text()
+    logs = {name for name in manifest.read(outputs["manifest"])["files"] if name.startswith("logs/")}
+    assert logs == {"logs/baseline.log", "logs/k2.log", "logs/tree3-2-6.log", "logs/k3.log"}
+    _all_gone(tmp_path, fake)

@@ -91,13 +91,6 @@ def best_result(prompt_set: dict) -> tuple[str, dict]:
 
 def recommendation_markdown(recommended: dict) -> str:
     """The `Recommended SGLang settings` section of benchmark.json's `recommended`."""
-    placeholders = recommended["placeholders"]
-    checked = (
-        "yes"
-        if recommended["checked_by_sglang"]
-        else "no (SGLang is not installed where the evaluation ran; the flags are the ones "
-        "draftsmith knows SGLang by)"
-    )
     slower = (
         " No setting beat the target alone here: serving without the draft is faster on these prompts."
         if recommended["mean_speedup"] <= 1
@@ -106,8 +99,23 @@ def recommendation_markdown(recommended: dict) -> str:
     return (
         "## Recommended SGLang settings\n\n"
         f"{recommended['setting']}: the best speed-up over the prompt sets, "
-        f"{recommended['mean_speedup']:.2f}x (the mean of the per-set speed-ups).{slower} SGLang flags: "
-        f"`{' '.join(recommended['flags'])}`.\n\n"
+        f"{recommended['mean_speedup']:.2f}x (the mean of the per-set speed-ups).{slower} "
+        + launch_markdown(recommended)
+    )
+
+
+def launch_markdown(recommended: dict) -> str:
+    """A recommended setting's SGLang flags, its example launch and whether SGLang's own
+    parser read it (`flags`, `command`, `placeholders`, `checked_by_sglang`)."""
+    placeholders = recommended["placeholders"]
+    checked = (
+        "yes"
+        if recommended["checked_by_sglang"]
+        else "no (SGLang is not installed where the evaluation ran; the flags are the ones "
+        "draftsmith knows SGLang by)"
+    )
+    return (
+        f"SGLang flags: `{' '.join(recommended['flags'])}`.\n\n"
         "Example launch, with TARGET_MODEL the target model (this evaluation read "
         f"`{placeholders['TARGET_MODEL']}`) and DRAFT_DIR the export's SGLang draft "
         f"(`{placeholders['DRAFT_DIR']}`):\n\n"

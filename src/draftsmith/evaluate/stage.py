@@ -20,7 +20,9 @@ verify_steps: {"<label>": verify_steps}}]}}, recommended: {setting, num_steps, t
 num_draft_tokens, mean_speedup, flags, command, placeholders: {TARGET_MODEL, DRAFT_DIR},
 checked_by_sglang}, long_context: {flagged, threshold, buckets: [{prompt_set, setting,
 bucket, prompts, acceptance_length, reference_bucket, reference_acceptance_length,
-share}], draft: {training_max_length, max_position_embeddings, rope_scaling}, reason}}.
+share}], draft: {training_max_length, max_position_embeddings, rope_scaling}, reason},
+by_set: {setting, best_set, threshold, sets: {name: {acceptance_length, speedup,
+share_of_best}}, flagged: [name], reason}}.
 
 Tokens count every generated token; AL counts the tokens of verify steps (see
 spec_decode): per_position[i-1] (per_depth[d-1]) is the share of verify steps that
@@ -33,6 +35,9 @@ max null for the open last one; an AL null where the bucket made no verify step)
 `long_context` flags a longer bucket whose AL for the recommended setting falls below
 `evaluate.long_context_drop` of the shortest bucket's (see `length`); nothing is decoded
 twice for either.
+
+`by_set` compares the prompt sets at the recommended setting and flags a set whose AL
+falls below `evaluate.prompt_set_drop` of the best set's (see `sets`).
 
 `recommended` is the setting, chain or tree, with the highest mean over the prompt sets
 of the per-set speed-ups (the earlier of equals: chains in k order, then trees in config
@@ -61,6 +66,7 @@ from typing import TYPE_CHECKING
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.length import by_length, length_markdown, long_context, long_context_markdown
+from draftsmith.evaluate.sets import by_set, sets_markdown
 from draftsmith.evaluate.settings import (
     BASELINE,
     best_result,
@@ -255,10 +261,12 @@ def benchmark_sets(
     settings: Settings,
     accept: AcceptFn | None = None,
     accept_tree: TreeAcceptFn | None = None,
+    desc: str = "evaluate",
 ) -> tuple[dict, list[dict]]:
     """Warm up, then decode every prompt greedily and with each chain and tree; returns the
     `prompt_sets` section of benchmark.json and the per-prompt rows. `accept` and
-    `accept_tree` replace the acceptance rules (tests use them to break verification)."""
+    `accept_tree` replace the acceptance rules (tests use them to break verification);
+    `desc` labels the progress bar."""
     from draftsmith.evaluate import spec_decode as sd
 
     device = model.device
@@ -283,7 +291,7 @@ def benchmark_sets(
         for setting in measured:
             spec(prompt, setting)
     results, rows = {}, []
-    bar = jobs.progress(sum(map(len, prompt_sets.values())), "evaluate", unit="prompt")
+    bar = jobs.progress(sum(map(len, prompt_sets.values())), desc, unit="prompt")
     for name, prompts in prompt_sets.items():
         baseline, runs = [], {setting: [] for setting in measured}
         for prompt in prompts:
@@ -330,7 +338,7 @@ def sglang_launch(config: dict, setting: Setting) -> Launch:
     return Launch(setting.spec.flags(EAGLE3), cmd, check_launch(cmd, served))
 
 
-def _command_line(cmd: list[str]) -> str:
+def command_line(cmd: list[str]) -> str:
     """`cmd` for a POSIX shell, the placeholders left to expand."""
     placeholders = {f"${TARGET_MODEL}", f"${DRAFT_DIR}"}
     return " ".join(f'"{arg}"' if arg in placeholders else shlex.quote(arg) for arg in cmd)
@@ -351,7 +359,7 @@ def recommend(prompt_sets: dict, launches: dict[Setting, Launch], placeholders: 
         **asdict(best.spec),
         "mean_speedup": mean_speedup(best),
         "flags": launch.flags,
-        "command": _command_line(launch.command),
+        "command": command_line(launch.command),
         "placeholders": placeholders,
         "checked_by_sglang": launch.checked_by_sglang,
     }
@@ -391,7 +399,8 @@ def markdown(benchmark: dict) -> str:
         lines.append(length_markdown(result).rstrip())
         label, best = best_result(result)
         lines += ["", f"Best: {label}, {best['speedup']:.2f}x at AL {best['acceptance_length']:.3f}."]
-    return "\n".join(lines) + "\n\n" + recommendation_markdown(benchmark["recommended"])
+    comparison = sets_markdown(benchmark["by_set"], benchmark["prompt_sets"])
+    return "\n".join(lines) + "\n\n" + comparison + "\n" + recommendation_markdown(benchmark["recommended"])
 
 
 def _tree_table(result: dict) -> list[str]:
@@ -414,7 +423,7 @@ def _tree_table(result: dict) -> list[str]:
 
 
 # --- the stage ------------------------------------------------------------------------
-def _load_models(config: dict, model_info: dict, export_dir: Path):
+def load_models(config: dict, model_info: dict, export_dir: Path):
     import torch
 
     ev = config["evaluate"]
@@ -455,7 +464,7 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
     launches = {setting: sglang_launch(config, setting) for setting in settings.measured}
     export_dir = Path(inputs["export_config"]).parent
     with gpus.acquire_gpus(evaluate_gpus(config)):
-        model, draft, aux = _load_models(config, model_info, export_dir)
+        model, draft, aux = load_models(config, model_info, export_dir)
         results, rows = benchmark_sets(model, draft, aux, sets, settings)
         device = device_name(model.device)
     for name, table in by_length(rows, ev["length_buckets"]).items():
@@ -478,9 +487,12 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
         "prompt_sets": results,
         "recommended": recommended,
         "long_context": long_context(results, recommended, ev["long_context_drop"], draft_info),
+        "by_set": by_set(results, recommended["setting"], ev["prompt_set_drop"]),
     }
     if benchmark["long_context"]["flagged"]:
         log.warning("long context: %s", benchmark["long_context"]["reason"])
+    if benchmark["by_set"]["flagged"]:
+        log.warning("prompt sets: %s", benchmark["by_set"]["reason"])
     write_outputs(benchmark, rows, outputs)
     stats = {
         "device": device,

@@ -9,6 +9,8 @@ from pathlib import Path
 from draftsmith.formats.markdown import to_html
 from draftsmith.report import plots
 from draftsmith.report.summary import benchmark_markdown
+from draftsmith.runtime.jobs import optional_input
+from draftsmith.search import search_markdown
 from draftsmith.store import atomic
 
 log = logging.getLogger(__name__)
@@ -25,10 +27,15 @@ def read_metrics(paths: list[str]) -> list[dict]:
     return [record for path in paths for record in atomic.read_jsonl(path)]
 
 
-def _optional(value) -> str | None:
-    """The one path of an input that a config may leave out (a list of 0 or 1 paths)."""
-    paths = [value] if isinstance(value, str) else list(value or [])
-    return paths[0] if paths else None
+def search_section(inputs: dict) -> str | None:
+    """The settings search's section, with the serving benchmark's verdict on its
+    recommendation when that served the search's settings (None: no search ran)."""
+    search_path = optional_input(inputs.get("search"))
+    if search_path is None:
+        return None
+    serving_path = optional_input(inputs.get("serve_benchmark_json"))
+    verdict = _json(serving_path).get("search") if serving_path else None
+    return search_markdown(_json(search_path), verdict)
 
 
 def report(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
@@ -36,11 +43,11 @@ def report(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
     data_report = _json(inputs["data_report"])
     estimate = _json(inputs["estimate"])
     train_summary = _json(inputs["train_summary"])
-    benchmark_path = _optional(inputs.get("benchmark"))
+    benchmark_path = optional_input(inputs.get("benchmark"))
     benchmark = _json(benchmark_path) if benchmark_path else None
     if benchmark is not None and not benchmark["prompt_sets"]:
         raise ValueError(f"{benchmark_path}: no prompt sets, nothing to report")
-    serving_path = _optional(inputs.get("serve_benchmark"))
+    serving_path = optional_input(inputs.get("serve_benchmark"))
     serving = Path(serving_path).read_text() if serving_path else None
     records = read_metrics(list(inputs["metrics"]))
 
@@ -55,7 +62,9 @@ def report(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
     plots.training_accuracy(records, outputs["training_accuracy"])
     plots.data_report(data_report, outputs["data_plot"])
 
-    summary = benchmark_markdown(experiment, data_report, estimate, train_summary, benchmark, serving)
+    summary = benchmark_markdown(
+        experiment, data_report, estimate, train_summary, benchmark, serving, search_section(inputs)
+    )
     atomic.write_text(outputs["summary"], summary)
     pages = {
         "summary_html": (summary, f"Benchmark report: {experiment}"),

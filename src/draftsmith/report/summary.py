@@ -7,6 +7,8 @@ from draftsmith.evaluate import (
     length_markdown,
     long_context_markdown,
     recommendation_markdown,
+    sets_markdown,
+    sets_warning,
     tree_text,
 )
 from draftsmith.formats.markdown import coverage_sentence, fmt, table
@@ -24,16 +26,26 @@ def benchmark_markdown(
     train_summary: dict,
     benchmark: dict | None,
     serving: str | None = None,
+    search: str | None = None,
 ) -> str:
     """The run on one page. `benchmark` is the built-in evaluation (None when the config
-    turns it off); `serving` the serving benchmark's Markdown, when it ran."""
+    turns it off); `serving` the serving benchmark's Markdown, when it ran; `search` the
+    settings search's section, when it ran."""
     if benchmark is not None:
-        head = [_verdict(benchmark), long_context_markdown(benchmark["long_context"]), _setup(benchmark)]
+        head = [
+            _verdict(benchmark),
+            long_context_markdown(benchmark["long_context"]),
+            sets_warning(benchmark["by_set"]).lstrip(),
+            _setup(benchmark),
+        ]
         results = [_prompt_set(name, entry) for name, entry in sorted(benchmark["prompt_sets"].items())]
+        results.append(sets_markdown(benchmark["by_set"], benchmark["prompt_sets"]))
         results.append(recommendation_markdown(benchmark["recommended"]))
     else:
         head = ["No built-in evaluation in this config (`evaluate.enabled: false`).\n"]
         results = []
+    if search is not None:
+        results.append(search)
     if serving is not None:
         results.append("## Serving benchmark (SGLang)\n\n" + _demote_headings(serving))
     sections = [

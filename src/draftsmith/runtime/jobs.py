@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -142,6 +142,12 @@ class TokenRate:
         self.tokens += tokens
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return f"{self.tokens / elapsed:.1f} tok/s"
+
+
+def optional_input(value: str | Sequence[str] | None) -> str | None:
+    """The one path of a rule input that a config may leave out (given as a list of 0 or 1 paths)."""
+    paths = [value] if isinstance(value, str) else list(value or [])
+    return paths[0] if paths else None
 
 
 def from_snakemake(smk, stage: Callable[..., object]) -> None:

@@ -1,5 +1,6 @@
 """SGLang launches: arguments as SGLang's argparse reads them (flags, values, prefixes), the
-base launch command, the flags it owns, a speculative setting's flags, and the server's URL.
+base launch command, the flags it owns, a speculative setting's flags (and those loading the
+draft), and the server's URL.
 
 The launch commands and the refusals of generation, capture and the serving benchmark all
 read arguments through here, so a spelling SGLang accepts cannot slip past one of them.
@@ -60,6 +61,8 @@ _OWNED_KEYS = {
     "--context-length": "context_length",
 }
 _MODEL_FLAGS = ("--model-path", "--model")
+DRAFT_QUANTIZATION = "--speculative-draft-model-quantization"
+UNQUANTIZED = "unquant"
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
@@ -93,14 +96,22 @@ class Speculation:
         return cls(k, 1, k + 1)
 
     def flags(self, algorithm: str, draft_dir: str | Path | None = None) -> list[str]:
-        """The launch flags of this setting; with `draft_dir`, the draft's path among them."""
-        path = [] if draft_dir is None else ["--speculative-draft-model-path", str(draft_dir)]
+        """The launch flags of this setting; with `draft_dir`, those that load the draft from it."""
+        draft = [] if draft_dir is None else draft_flags(draft_dir)
         return [
-            "--speculative-algorithm", algorithm, *path,
+            "--speculative-algorithm", algorithm, *draft,
             "--speculative-num-steps", str(self.num_steps),
             "--speculative-eagle-topk", str(self.topk),
             "--speculative-num-draft-tokens", str(self.num_draft_tokens),
         ]  # fmt: skip
+
+
+def draft_flags(draft_dir: str | Path) -> list[str]:
+    """The draft's path, and `unquant` so that it runs as exported: without a quantization of its
+    own SGLang quantizes the draft as the target's `--quantization` says (sglang 0.5.16
+    server_args.py:3412, 0.5.21 arg_groups/serving_hook.py:628); `unquant` leaves it to the
+    draft's config.json, which has no quantization."""
+    return ["--speculative-draft-model-path", str(draft_dir), DRAFT_QUANTIZATION, UNQUANTIZED]
 
 
 def owned_flags(section: str) -> dict[str, str]:
@@ -115,9 +126,10 @@ def check_owned_flags(extra: list[str], owned: dict[str, str], section: str) -> 
         # `--tp` means `--tp-size`; a prefix of several is refused too (SGLang finds it ambiguous).
         matches = [known for known in owned if abbreviates(flag, known)]
         if matches:
+            known = flag if flag in owned else matches[0]  # argparse takes an exact match first
             raise SGLangConfigError(
-                f"{section}.extra_args: {flag} duplicates {matches[0]}, which draftsmith "
-                f"sets itself; use {owned[matches[0]]} instead"
+                f"{section}.extra_args: {flag} duplicates {known}, which draftsmith "
+                f"sets itself; use {owned[known]} instead"
             )
 
 

@@ -1,7 +1,9 @@
 """SGLang launch commands for the serving benchmark, and the refusals that keep its numbers true.
 
 Facts from sglang 0.5.23 (python/sglang/srt/arg_groups/fields/spec.py and
-arg_groups/speculative_hook.py, _handle_eagle_family):
+arg_groups/speculative_hook.py, _handle_eagle_family), rechecked in 0.5.16 (the H200
+machine's; server_args.py:1715-1856 and arg_groups/speculative_hook.py) and 0.5.21 (the
+parser CI installs, requirements/sglang-parser.txt; arg_groups/fields/spec.py):
 
 - A chain of k draft tokens is `--speculative-algorithm EAGLE3 --speculative-num-steps k
   --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`. With topk 1, SGLang
@@ -10,7 +12,12 @@ arg_groups/speculative_hook.py, _handle_eagle_family):
 - EAGLE instead of EAGLE3 gives an EAGLE-3 draft the single last-layer state (H) instead
   of the three aux layers (3H), without an error (is_eagle() vs is_eagle3()).
 - Extra args in `_REFUSED` change what is measured without an error (random draft
-  weights, a foreign vocabulary map, lossy acceptance, a k that moves at run time).
+  weights, a foreign vocabulary map, lossy acceptance, a k that moves at run time, a draft
+  attending to a window only or keeping its KV cache in another dtype, another verification).
+  Flags SGLang added later are refused too (the draft KV dtype and the sink since 0.5.20 and
+  0.5.21, block verification since 0.5.23), as is 0.5.16's older spelling of the window.
+- Without a quantization of its own the draft gets the target's `--quantization`, so draft
+  servers set `--speculative-draft-model-quantization unquant` (`draft_flags`).
 - SGLANG_SIMULATE_ACC_LEN in the server's environment makes SGLang fake the acceptance
   length (speculative/spec_utils.py: "turn off if < 0"), so a run with it set is refused.
 
@@ -18,6 +25,9 @@ Plan-time checks (`check_config`, called from config validation) see only the co
 `check_draft` repeats the context check against the exported config.json at run time.
 `launch_command` also builds the evaluator's recommended launch (a chain or a tree), and
 `check_launch` has SGLang's own argument parser read it where SGLang is importable.
+`draft_command` serves any setting, chain or tree: the configured chains go through
+`build_command` and its refusals, the settings search's best settings (valid trees and
+chains by the search's own grid check) directly.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from pathlib import Path
 from draftsmith.config import export_serving_context
 from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.runtime.sglang import (
+    DRAFT_QUANTIZATION,
+    UNQUANTIZED,
     Speculation,
     abbreviates,
     base_launch_command,
@@ -59,9 +71,12 @@ _OWNED = {
     "--speculative-eagle-topk": f"{SECTION}.eagle_topk",
     "--speculative-num-draft-tokens": f"{SECTION}.num_draft_tokens",
     "--host": f"nothing (the benchmark serves on {HOST})",
+    DRAFT_QUANTIZATION: f"nothing (draft servers run the draft as exported: {UNQUANTIZED})",
 }
 _LOSSY = "accepts draft tokens the target would not choose: AL rises and the output is not the target's"
 _MOVING_K = "changes the number of draft steps at run time, so the result would not belong to its k"
+_WINDOW = "limits the draft's attention to recent positions, short of the context it was exported for"
+_VERIFY = "replaces greedy verification, which the benchmark measures"
 _REFUSED = {
     "--speculative-draft-load-format": "can load random draft weights (dummy): acceptance ~1 and no error",
     "--speculative-token-map": "replaces the draft's own vocabulary map (d2t) with another table",
@@ -70,6 +85,14 @@ _REFUSED = {
     "--speculative-adaptive": _MOVING_K,
     "--speculative-adaptive-config": _MOVING_K,
     "--enable-multi-layer-eagle": "runs a multi-layer EAGLE draft; the export has one layer",
+    "--speculative-draft-window-size": _WINDOW,
+    "--speculative-dflash-draft-window-size": _WINDOW,  # 0.5.16's older spelling
+    "--speculative-draft-sink-size": _WINDOW,
+    "--speculative-draft-kv-cache-dtype": "gives the draft's KV cache a dtype of its own (fp8: less precise)",
+    # Under it 0.5.16 samples the proposals of greedy requests too (they run at temperature 1,
+    # top-k 1; speculative/spec_utils.py, sample_draft_proposal); 0.5.21 takes their top token.
+    "--speculative-use-rejection-sampling": f"{_VERIFY} (0.5.16 then samples the draft's proposals)",
+    "--speculative-use-block-verification": f"{_VERIFY} (and turns rejection sampling on)",
     "--config": "a config file could set any of these flags unseen",
     # Secrets come from the environment, never from a config; the loopback server needs none.
     "--api-key": "puts a secret in the config, and the benchmark's requests carry no key",
@@ -107,7 +130,14 @@ def build_command(
         return launch_command(model_dir, bench_cfg, port)
     check_chain(bench_cfg, k)
     chain = Speculation(k, bench_cfg["eagle_topk"], num_draft_tokens(bench_cfg, k))
-    flags = chain.flags(bench_cfg["speculative_algorithm"], draft_dir)
+    return draft_command(model_dir, bench_cfg, port, draft_dir, chain)
+
+
+def draft_command(
+    model_dir: str | Path, bench_cfg: dict, port: int, draft_dir: str | Path, setting: Speculation
+) -> list[str]:
+    """The `sglang.launch_server` command of the target with the draft at `setting`."""
+    flags = setting.flags(bench_cfg["speculative_algorithm"], draft_dir)
     return launch_command(model_dir, bench_cfg, port, flags)
 
 

@@ -18,9 +18,11 @@ for the baseline and the draft.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import fmean
 
+from draftsmith.evaluate import chain_label, tree_label
+from draftsmith.runtime.sglang import Speculation
 from draftsmith.serve_bench.command import ServeBenchError
 
 _RID_SEP = "@"
@@ -64,7 +66,8 @@ def build_request(rid: str, input_ids: list[int], max_new_tokens: int) -> dict:
 
 
 def parse_response(body: object, *, rid: str, k: int | None, seconds: float) -> RequestResult:
-    """One /generate answer; `k` is the chain length the server runs (None: no speculation)."""
+    """One /generate answer; `k` is the draft steps per verify step of the server's setting
+    (a chain's k, a tree's num_steps; None: no speculation)."""
     meta = body.get("meta_info") if isinstance(body, dict) else None
     if not isinstance(meta, dict):
         raise ServeBenchError(f"/generate answer to {rid!r} has no meta_info: {_excerpt(body)}")
@@ -100,10 +103,12 @@ def _verify_steps(meta: dict, tokens: int, k: int | None, where: str) -> int:
             "report an acceptance length of 1"
         )
     steps = _count(meta, "spec_verify_ct", where)
-    # Each verify pass yields 1..k+1 tokens; the prefill adds one more.
+    # Each verify pass yields 1..k+1 tokens (k: a chain's length, a tree's depth); the
+    # prefill adds one more.
     if not steps or not steps <= tokens <= steps * (k + 1) + 1:
         raise ServeBenchError(
-            f"{where}: {tokens} tokens in {steps} verify steps is impossible for a chain of k={k}"
+            f"{where}: {tokens} tokens in {steps} verify steps is impossible with {k} draft steps "
+            f"per verify step (a chain of k={k} or a tree {k} deep)"
         )
     return steps
 
@@ -155,10 +160,16 @@ def speedup(baseline: dict, draft: dict) -> float | None:
     return round(draft["tokens_per_s"] / baseline["tokens_per_s"], 4)
 
 
-def settings(baseline: dict[int, PassResult], drafts: dict[int, dict[int, PassResult]]) -> list[dict]:
-    """One entry per (k, concurrency): both summaries, the speed-up, and how many outputs match."""
+def label(setting: Speculation) -> str:
+    """A setting as the evaluator and the settings search name it: "k=3", "tree 3/2/6"."""
+    return chain_label(setting.num_steps) if setting.topk == 1 else tree_label(asdict(setting))
+
+
+def settings(baseline: dict[int, PassResult], drafts: dict[Speculation, dict[int, PassResult]]) -> list[dict]:
+    """One entry per (setting, concurrency): both summaries, the speed-up, and how many outputs
+    match. `k` is a chain's k (null for a tree)."""
     rows = []
-    for k, by_concurrency in drafts.items():
+    for setting, by_concurrency in drafts.items():
         for concurrency, run in by_concurrency.items():
             base = summarize(baseline[concurrency], speculative=False)
             draft = summarize(run, speculative=True)
@@ -168,7 +179,9 @@ def settings(baseline: dict[int, PassResult], drafts: dict[int, dict[int, PassRe
             )
             rows.append(
                 {
-                    "k": k,
+                    "setting": label(setting),
+                    "k": setting.num_steps if setting.topk == 1 else None,
+                    **asdict(setting),
                     "concurrency": concurrency,
                     "baseline": base,
                     "draft": draft,
@@ -197,8 +210,28 @@ def _excerpt(value: object, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def search_verdict(rows: list[dict], search: dict, served: list[str]) -> dict:
+    """serve_benchmark.json's `search`: whether the search's recommended setting is the fastest
+    served of the search's best settings `served` (search rank order), single stream where
+    measured (else the lowest concurrency); equal speed-ups go to the better search rank."""
+    concurrency = min(row["concurrency"] for row in rows)
+    measured = {row["setting"]: row["speedup"] for row in rows if row["concurrency"] == concurrency}
+    speedups = {name: measured[name] for name in served}
+    fastest = max(served, key=lambda name: -1.0 if speedups[name] is None else speedups[name])
+    recommended = search["recommended"]["setting"]
+    return {
+        "key": search["key"],
+        "recommended": recommended,
+        "served": served,
+        "concurrency": concurrency,
+        "speedups": speedups,
+        "fastest": fastest,
+        "confirmed": fastest == recommended,
+    }
+
+
 def markdown(report: dict) -> str:
-    """The benchmark as a table, one row per (k, concurrency)."""
+    """The benchmark as a table, one row per (setting, concurrency)."""
     lines = [
         f"# Serving benchmark: {report['experiment']}",
         "",
@@ -207,17 +240,32 @@ def markdown(report: dict) -> str:
         "the summed request times; concurrency > 1: total throughput over the wall time. "
         "AL = tokens / target verify steps (bonus token counted).",
         "",
-        "| k | concurrency | baseline tok/s | draft tok/s | speed-up | AL | same output as baseline |",
+        "| setting | concurrency | baseline tok/s | draft tok/s | speed-up | AL | same output as baseline |",
         "|---|---|---|---|---|---|---|",
     ]
     for s in report["settings"]:
         base, draft = s["baseline"], s["draft"]
         lines.append(
-            f"| {s['k']} | {s['concurrency']} | {_cell(base['tokens_per_s'])} | "
+            f"| {s['setting']} | {s['concurrency']} | {_cell(base['tokens_per_s'])} | "
             f"{_cell(draft['tokens_per_s'])} | {_cell(s['speedup'], 'x')} | "
             f"{_cell(draft['acceptance_length'])} | {draft['same_output_as_baseline']}/{draft['requests']} |"
         )
-    return "\n".join(lines) + "\n"
+    verdict = report.get("search")
+    return "\n".join(lines) + "\n" + (_verdict_markdown(verdict) if verdict else "")
+
+
+def _verdict_markdown(verdict: dict) -> str:
+    speedups = ", ".join(f"{name} {_cell(x, 'x')}" for name, x in verdict["speedups"].items())
+    outcome = (
+        "confirmed: it is the fastest served"
+        if verdict["confirmed"]
+        else f"not confirmed: {verdict['fastest']} is faster served"
+    )
+    return (
+        f"\nSettings search `{verdict['key']}`: its best {len(verdict['served'])} settings served at "
+        f"concurrency {verdict['concurrency']} ({speedups}); its recommendation {verdict['recommended']} "
+        f"is {outcome}.\n"
+    )
 
 
 def _cell(value: float | None, unit: str = "") -> str:

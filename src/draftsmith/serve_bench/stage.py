@@ -1,7 +1,10 @@
 """Run the serving benchmark: one SGLang server per setting, torn down before the next starts.
 
 The baseline server (the plain target) runs once; its passes are the reference for every
-k. Each server: wait for /health, warm up, then one pass over the prompt set per
+draft setting: each configured chain of k, then the settings search's best
+`search.confirm_top` settings (chains or trees) not among them, when the search ran; the
+report then says whether the search's recommendation is the fastest of those served.
+Each server: wait for /health, warm up, then one pass over the prompt set per
 configured concurrency, the prefix cache flushed before each pass so every pass starts
 alike. Every server runs in a `ManagedServer`: its process group is gone when the `with`
 block ends, normally, on an error, or on SIGTERM/SIGINT (`Interrupted`), and the
@@ -13,10 +16,12 @@ server lifetimes against a stand-in. Not verified: a real SGLang run.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import cycle, islice
@@ -24,19 +29,26 @@ from pathlib import Path
 
 import httpx
 
+from draftsmith.config import served_search_settings
+from draftsmith.evaluate import check_tree
 from draftsmith.formats.prompt_sets import training_prompts
 from draftsmith.runtime.gpus import acquire_gpus
+from draftsmith.runtime.jobs import optional_input
 from draftsmith.runtime.process import ManagedServer, free_port, redact
 from draftsmith.runtime.resources import serve_bench_gpus
+from draftsmith.runtime.sglang import Speculation
+from draftsmith.search import top_settings
 from draftsmith.serve_bench import metrics
 from draftsmith.serve_bench.command import (
     HOST,
     SECTION,
     ServeBenchError,
     build_command,
+    check_chain,
     check_config,
     check_draft,
     check_environment,
+    draft_command,
     serving_context,
 )
 from draftsmith.store import atomic, manifest
@@ -55,31 +67,59 @@ class BenchPrompt:
     input_ids: list[int]
 
 
-def setting_name(k: int | None) -> str:
-    return BASELINE if k is None else f"k{k}"
+def setting_name(setting: Speculation | None) -> str:
+    """A server's name (its log file, its command's key): baseline, k3, tree3-2-6."""
+    if setting is None:
+        return BASELINE
+    if setting.topk == 1:
+        return f"k{setting.num_steps}"
+    return f"tree{setting.num_steps}-{setting.topk}-{setting.num_draft_tokens}"
 
 
-def build_commands(model_dir: str, draft_dir: Path, bench_cfg: dict, port: int) -> dict[str, list[str]]:
+def draft_settings(bench_cfg: dict, searched: Sequence[Speculation] = ()) -> list[Speculation]:
+    """The draft servers' settings: each configured chain (refused unless SGLang runs it as
+    that chain), then each of the search's `searched` settings not among them."""
+    for k in bench_cfg["k"]:
+        check_chain(bench_cfg, k)
+    chains = [Speculation.chain(k) for k in bench_cfg["k"]]
+    for setting in searched:
+        try:
+            check_tree(setting.num_steps, setting.topk, setting.num_draft_tokens)
+        except ValueError as exc:
+            raise ServeBenchError(f"settings search's {setting}: {exc}") from None
+    return chains + [setting for setting in dict.fromkeys(searched) if setting not in chains]
+
+
+def build_commands(
+    model_dir: str, draft_dir: Path, bench_cfg: dict, port: int, searched: Sequence[Speculation] = ()
+) -> dict[str, list[str]]:
     """Every launch of the benchmark, built (and so checked) before any server starts."""
     commands = {BASELINE: build_command(model_dir, bench_cfg, port)}
-    for k in bench_cfg["k"]:
-        commands[setting_name(k)] = build_command(model_dir, bench_cfg, port, draft_dir=draft_dir, k=k)
+    for setting in draft_settings(bench_cfg, searched):
+        commands[setting_name(setting)] = draft_command(model_dir, bench_cfg, port, draft_dir, setting)
     return commands
 
 
 def run_benchmark(
-    model_dir: str, draft_dir: Path, prompts: list[BenchPrompt], bench_cfg: dict, logs_dir: Path, port: int
+    model_dir: str,
+    draft_dir: Path,
+    prompts: list[BenchPrompt],
+    bench_cfg: dict,
+    logs_dir: Path,
+    port: int,
+    searched: Sequence[Speculation] = (),
 ) -> dict:
-    """Baseline, then each k; returns the settings and the (redacted) commands."""
-    commands = build_commands(model_dir, draft_dir, bench_cfg, port)
+    """Baseline, then each draft setting; returns the settings and the (redacted) commands."""
+    commands = build_commands(model_dir, draft_dir, bench_cfg, port, searched)
     url = f"http://{HOST}:{port}"
 
-    def run(k: int | None) -> dict[int, metrics.PassResult]:
-        name = setting_name(k)
-        return run_server(commands[name], url, prompts, bench_cfg, k=k, log_path=logs_dir / f"{name}.log")
+    def run(setting: Speculation | None) -> dict[int, metrics.PassResult]:
+        name = setting_name(setting)
+        log_path = logs_dir / f"{name}.log"
+        return run_server(commands[name], url, prompts, bench_cfg, setting=setting, log_path=log_path)
 
     baseline = run(None)
-    drafts = {k: run(k) for k in bench_cfg["k"]}
+    drafts = {setting: run(setting) for setting in draft_settings(bench_cfg, searched)}
     return {
         "settings": metrics.settings(baseline, drafts),
         "command": {name: redact(cmd) for name, cmd in commands.items()},
@@ -92,23 +132,25 @@ def run_server(
     prompts: list[BenchPrompt],
     bench_cfg: dict,
     *,
-    k: int | None,
+    setting: Speculation | None,
     log_path: Path,
 ) -> dict[int, metrics.PassResult]:
-    """Start one server, run every concurrency against it, tear its process group down."""
+    """Start one server (`setting` None: the target alone), run every concurrency against it,
+    tear its process group down."""
     sglang = bench_cfg["sglang"]
-    name = f"sglang {setting_name(k)} server"
+    name = f"sglang {setting_name(setting)} server"
     server = ManagedServer(
         cmd, f"{url}/health", log_path=log_path, startup_timeout_s=sglang["startup_timeout_s"], name=name
     )
     runs: dict[int, metrics.PassResult] = {}
+    depth = setting.num_steps if setting else None
     with server, _client(sglang["request_timeout_s"]) as client:
-        requester = _Requester(client, url, bench_cfg["max_new_tokens"], k, f"{name} (log: {log_path})")
+        requester = _Requester(client, url, bench_cfg["max_new_tokens"], depth, f"{name} (log: {log_path})")
         if bench_cfg["warmup_requests"]:
             requester.run_pass(list(islice(cycle(prompts), bench_cfg["warmup_requests"])), 1, "warmup")
         for concurrency in bench_cfg["concurrency"]:
             runs[concurrency] = requester.run_pass(prompts, concurrency, f"c{concurrency}")
-            log.info("%s: %s", name, _pass_line(runs[concurrency], k))
+            log.info("%s: %s", name, _pass_line(runs[concurrency], depth))
     return runs
 
 
@@ -124,7 +166,7 @@ class _Requester:
     client: httpx.Client
     url: str
     max_new_tokens: int
-    k: int | None  # the chain the server runs; None for the baseline
+    k: int | None  # draft steps per verify step of the server's setting; None for the baseline
     where: str  # names the server and its log in errors
 
     def run_pass(self, prompts: list[BenchPrompt], concurrency: int, tag: str) -> metrics.PassResult:
@@ -198,7 +240,8 @@ def load_prompts(config: dict, hf_dir: str, context: int, training: dict[str, st
 
 
 def serve_bench(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """Rule `serve_bench`: baseline and draft servers for each k, the report and manifest."""
+    """Rule `serve_bench`: baseline and draft servers for each k (and the settings search's
+    best settings when it ran), the report and manifest."""
 
     started = time.time()
     bench = config[SECTION]
@@ -209,12 +252,17 @@ def serve_bench(config: dict, inputs: dict, outputs: dict, log_file: str | None 
     context = serving_context(bench, read_target_config(hf_dir))
     check_draft(draft_dir, bench, context)
     prompts = load_prompts(config, hf_dir, context, training_prompts(inputs["merged"], inputs["responses"]))
+    search_path = optional_input(inputs.get("search"))
+    search = json.loads(Path(search_path).read_text()) if search_path else None
+    searched = top_settings(search, served_search_settings(config)) if search else []
     logs_dir = Path(outputs["json"]).parent / LOGS_DIR
     shutil.rmtree(logs_dir, ignore_errors=True)  # server logs of an earlier, failed attempt
     with acquire_gpus(serve_bench_gpus(config)):
-        result = run_benchmark(
-            hf_dir, draft_dir, prompts, bench, logs_dir, bench["sglang"]["port"] or free_port()
-        )
+        port = bench["sglang"]["port"] or free_port()
+        result = run_benchmark(hf_dir, draft_dir, prompts, bench, logs_dir, port, searched)
+    if searched:
+        served = [metrics.label(setting) for setting in searched]
+        result["search"] = metrics.search_verdict(result["settings"], search, served)
     artifact = plan_for(config).serve_bench
     report = {
         "key": artifact.key,

@@ -22,6 +22,7 @@ STAGES = (
     "train",
     "export",
     "evaluate",
+    "search",
     "serve_bench",
 )
 
@@ -37,6 +38,7 @@ STAGE_VERSIONS = {
     "train": 2,
     "export": 1,
     "evaluate": 2,
+    "search": 1,
     "serve_bench": 1,
 }
 

@@ -45,6 +45,7 @@ FILES: dict[str, dict[str, str]] = {
         f"{fmt}_{role}": f"{fmt}/{name}" for fmt in ("sglang", "vllm") for role, name in EXPORT_FILES.items()
     },
     "evaluate": {"json": "benchmark.json", "md": "benchmark.md", "per_prompt": "per_prompt.jsonl"},
+    "search": {"json": "search.json", "md": "search.md"},
     "serve_bench": {"json": "serve_benchmark.json", "md": "serve_benchmark.md"},
 }
 SHARD_SUFFIXES = {"bin": ".bin", "index": ".json"}  # one hidden-state shard's two files
@@ -59,6 +60,17 @@ RESULTS = {
 
 # Serving-benchmark settings that do not change what is measured (where, how patiently).
 _SERVE_BENCH_IGNORED = ("python", "port", "startup_timeout_s", "request_timeout_s")
+
+# Evaluator settings behind every measurement it makes, the settings search's included: the
+# results hold tokens/s, so the device counts (a CPU measurement must not stand in for a
+# GPU one), as do the untimed warm-up decodes; dtype can change the target's own greedy output.
+SEMANTIC_DECODING = ("max_new_tokens", "device", "dtype", "warmup_prompts")
+
+# Settings-search settings that change what it measures: the grid's lists (their order does
+# not) and the halving schedule. `enabled` and `confirm_top` (what the serving benchmark
+# does with the result) do not.
+SEARCH_GRID = ("num_steps", "topk", "num_draft_tokens")
+SEARCH_SCHEDULE = ("first_prompts", "eta")
 
 # Generation settings that change what the target writes (the rest is speed).
 SEMANTIC_GENERATION = ("backend", "max_new_tokens", "temperature", "top_p", "seed", "system_prompt")
@@ -205,11 +217,14 @@ class Plan:
             self._evaluate_params(),
             {"model": self.model.key, "export": self.export.key, "merged": self.merged.key},
         )
-        self.serve_bench = keyed(
+        self.search = keyed(
             root,
-            "serve_bench",
-            self._serve_bench_params(),
-            {"model": self.model.key, "export": self.export.key},
+            "search",
+            self._search_params(),
+            {"model": self.model.key, "export": self.export.key, "merged": self.merged.key},
+        )
+        self.serve_bench = keyed(
+            root, "serve_bench", self._serve_bench_params(), self._serve_bench_upstream()
         )
         self.hash_cache.save()
         for path in self.missing_sources:
@@ -232,15 +247,17 @@ class Plan:
             self.train,
             self.export,
             self.evaluate,
+            self.search,
             self.serve_bench,
         ]
 
     @property
     def built(self) -> list[Artifact]:
-        """The artifacts a full run of this config builds (evaluation and the serving
-        benchmark only when enabled)."""
+        """The artifacts a full run of this config builds (evaluation, the settings search
+        and the serving benchmark only when enabled)."""
         enabled = {
             "evaluate": self.config["evaluate"]["enabled"],
+            "search": cfg.search_enabled(self.config),
             "serve_bench": self.config["serve_benchmark"]["enabled"],
         }
         return [a for a in self.artifacts if enabled.get(a.stage, True)]
@@ -309,24 +326,33 @@ class Plan:
     def _evaluate_params(self) -> dict:
         evaluate = self.config["evaluate"]
         sets = {name: self._prompt_set_params(e) for name, e in sorted(evaluate["prompt_sets"].items())}
-        # The results include tokens/s, so the device is part of the key (a CPU measurement
-        # must not stand in for a GPU one); dtype can change the target's own greedy output.
         return {
             "k": evaluate["k"],
             "trees": evaluate["trees"],
-            "max_new_tokens": evaluate["max_new_tokens"],
-            "device": evaluate["device"],
-            "dtype": evaluate["dtype"],
-            "warmup_prompts": evaluate["warmup_prompts"],
-            # The buckets and the drop threshold shape benchmark.json's by_length and long_context.
+            **{name: evaluate[name] for name in SEMANTIC_DECODING},
+            # The buckets and the drop thresholds shape benchmark.json's by_length, long_context
+            # and by_set.
             "length_buckets": evaluate["length_buckets"],
             "long_context_drop": evaluate["long_context_drop"],
+            "prompt_set_drop": evaluate["prompt_set_drop"],
             "prompt_sets": sets,
         }
 
     def _prompt_set_params(self, entry: dict) -> dict:
         """A prompt set's settings, its file by content (not where it lies)."""
         return {"source": self._source_hash(entry["path"]), **{k: v for k, v in entry.items() if k != "path"}}
+
+    def _search_params(self) -> dict:
+        search, evaluate = self.config["search"], self.config["evaluate"]
+        name = cfg.search_prompt_set(self.config)
+        entry = evaluate["prompt_sets"].get(name)
+        return {
+            **{name: sorted(search[name]) for name in SEARCH_GRID},
+            **{name: search[name] for name in SEARCH_SCHEDULE},
+            **{name: evaluate[name] for name in SEMANTIC_DECODING},
+            "prompt_set": name,
+            "prompts": self._prompt_set_params(entry) if entry is not None else None,
+        }
 
     def _serve_bench_params(self) -> dict:
         # Speed is what a benchmark measures, so launch and load settings are part of its key.
@@ -336,7 +362,15 @@ class Plan:
         if entry is not None:
             bench["prompts"] = self._prompt_set_params(entry)
             bench["system_prompt"] = self.config["generation"]["system_prompt"]
+        if cfg.served_search_settings(self.config):
+            bench["search_settings"] = cfg.served_search_settings(self.config)
         return bench
+
+    def _serve_bench_upstream(self) -> dict[str, str]:
+        upstream = {"model": self.model.key, "export": self.export.key}
+        if cfg.served_search_settings(self.config):
+            upstream["search"] = self.search.key  # it serves the search's best settings
+        return upstream
 
     def _response_params(self, name: str) -> dict:
         entry = cfg.dataset_settings(self.config, name)
