@@ -5,7 +5,8 @@
   would otherwise keep running (a GPU job keeps its memory). A watchdog thread
   follows the nearest ancestor that is a snakemake process and turns its death
   into SIGTERM for this process, whose handler unwinds (tearing down any server
-  this job started) instead of dying mid-write.
+  this job started) instead of dying mid-write. A job that finds no snakemake
+  ancestor when it starts (killed while the job was importing) does not begin.
 """
 
 from __future__ import annotations
@@ -101,8 +102,12 @@ def job(log_path: str | os.PathLike | None, name: str) -> Iterator[logging.Logge
     install_signal_handlers()
     set_parent_death_signal()
     ancestor = find_ancestor()
-    if ancestor:
-        watch_ancestor(ancestor)
+    if ancestor is None:
+        # Snakemake was killed while this job was still starting (imports take seconds):
+        # nothing would stop the job, so it must not begin.
+        log.error("%s: the snakemake that started this job is gone: not starting", name)
+        raise Interrupted(128 + signal.SIGTERM)
+    watch_ancestor(ancestor)
     started = time.time()
     log.info("%s: started (pid %d)", name, os.getpid())
     try:
