@@ -17,7 +17,9 @@ tensor-parallel SGLang servers (needs SGLang there).
 
     python bench/multi_gpu.py --gpus 2 --shape demo --steps 40 \\
         --extract-config configs/smollm2-medium-h200.yaml
-    python bench/multi_gpu.py --gpus 2 --device cpu --steps 6    # the CPU check of the same code
+    # the CPU check of the same code (the GPU-sized defaults grow a CPU rank past 11 GiB):
+    python bench/multi_gpu.py --gpus 2 --device cpu --steps 6 --samples 16 --length 256 \\
+        --batch-tokens 2048 --draft-vocab 2048 --ttt 3
 """
 
 from __future__ import annotations
@@ -29,51 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-from safetensors.torch import save_file
-from train_throughput import SHAPES, make_shards, make_target
+from train_throughput import SHAPES, synthetic_spec
 
-from draftsmith.draft.vocab import build
 from draftsmith.train import loop as train
 
 WARM_STEPS = 2  # first steps include allocator growth and kernel selection
-
-
-def training_spec(work: Path, args: argparse.Namespace) -> dict:
-    make_target(work / "target", args.shape)
-    dtype = "bfloat16" if args.device == "cuda" else "float32"
-    names = make_shards(work / "hidden", args.shape, args.samples, args.length, 2, dtype)
-    vocab = build(Counter(range(2000)), args.draft_vocab, SHAPES[args.shape][4])
-    save_file(vocab, str(work / "vocab.safetensors"))
-    settings = {
-        "draft_vocab_size": args.draft_vocab,
-        "ttt_steps": args.ttt,
-        "max_position_embeddings": 8192,
-        "lr": 1e-4,
-        "betas": [0.9, 0.95],
-        "weight_decay": 0.0,
-        "warmup_steps": 2,
-        "total_steps": args.steps,
-        "grad_clip": 0.5,
-        "grad_accum": 1,
-        "batch_tokens": args.batch_tokens,
-        "checkpoint_every": args.steps,
-        "val_fraction": 0.05,
-        "seed": 0,
-        "device": args.device,
-        "dtype": "bfloat16" if args.device == "cuda" else None,
-        "gpus": 1,
-    }
-    return {
-        "key": "bench",
-        "hf_dir": str(work / "target"),
-        "hidden_dir": str(work / "hidden"),
-        "shard_names": names,
-        "vocab": str(work / "vocab.safetensors"),
-        "train": settings,
-    }
 
 
 def train_records(spec: dict, work: Path, world: int) -> list[dict]:
@@ -144,7 +108,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="multi-gpu-"))
-    spec = training_spec(work, args)
+    spec = synthetic_spec(work, args, "bfloat16" if args.device == "cuda" else None, args.steps)
     rows = training_rows(train_records(spec, work, 1), train_records(spec, work, args.gpus), args.gpus)
     if args.extract_config:
         rows += extraction_rows(args.extract_config, args.gpus, work)

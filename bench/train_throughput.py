@@ -18,6 +18,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -91,6 +92,43 @@ def matmul_tflops() -> float:
     return 10 * 2 * 8192**3 / (time.perf_counter() - started) / 1e12
 
 
+def synthetic_spec(work: Path, args: argparse.Namespace, autocast: str | None, checkpoint_every: int) -> dict:
+    """A training spec over a random target of `args.shape`, random shards (bf16 when
+    training autocasts, float32 otherwise) and a draft vocabulary, all under `work`."""
+    make_target(work / "target", args.shape)
+    shard_dtype = "bfloat16" if autocast else "float32"
+    names = make_shards(work / "hidden", args.shape, args.samples, args.length, 2, shard_dtype)
+    vocab = build(Counter(range(2000)), args.draft_vocab, SHAPES[args.shape][4])
+    save_file(vocab, str(work / "vocab.safetensors"))
+    settings = {
+        "draft_vocab_size": args.draft_vocab,
+        "ttt_steps": args.ttt,
+        "max_position_embeddings": 8192,
+        "lr": 1e-4,
+        "betas": [0.9, 0.95],
+        "weight_decay": 0.0,
+        "warmup_steps": 2,
+        "total_steps": args.steps,
+        "grad_clip": 0.5,
+        "grad_accum": 1,
+        "batch_tokens": args.batch_tokens,
+        "checkpoint_every": checkpoint_every,
+        "val_fraction": 0.05,
+        "seed": 0,
+        "device": args.device,
+        "dtype": autocast,
+        "gpus": 1,
+    }
+    return {
+        "key": "bench",
+        "hf_dir": str(work / "target"),
+        "hidden_dir": str(work / "hidden"),
+        "shard_names": names,
+        "vocab": str(work / "vocab.safetensors"),
+        "train": settings,
+    }
+
+
 def step_flops(trainer: train.Trainer) -> float:
     """FLOPs one training step executes (matrix products and attention), counted by torch;
     the counted step is a real one, so the run continues from it. Torch counts a causal
@@ -140,42 +178,8 @@ def main() -> None:
     if args.matmul_tflops is None:
         args.matmul_tflops = matmul_tflops() if args.device == "cuda" else 780.0
     started = time.perf_counter()
-    make_target(work / "target", args.shape)
-    shard_dtype = "bfloat16" if args.dtype else "float32"
-    names = make_shards(work / "hidden", args.shape, args.samples, args.length, 2, shard_dtype)
-    vocab_size = SHAPES[args.shape][4]
-    from collections import Counter
-
-    save_file(build(Counter(range(2000)), args.draft_vocab, vocab_size), str(work / "vocab.safetensors"))
+    spec = synthetic_spec(work, args, args.dtype, checkpoint_every=args.steps // 2)
     prepared = time.perf_counter() - started
-    half = args.steps // 2
-    settings = {
-        "draft_vocab_size": args.draft_vocab,
-        "ttt_steps": args.ttt,
-        "max_position_embeddings": 8192,
-        "lr": 1e-4,
-        "betas": [0.9, 0.95],
-        "weight_decay": 0.0,
-        "warmup_steps": 2,
-        "total_steps": args.steps,
-        "grad_clip": 0.5,
-        "grad_accum": 1,
-        "batch_tokens": args.batch_tokens,
-        "checkpoint_every": half,
-        "val_fraction": 0.05,
-        "seed": 0,
-        "device": args.device,
-        "dtype": args.dtype,
-        "gpus": 1,
-    }
-    spec = {
-        "key": "bench",
-        "hf_dir": str(work / "target"),
-        "hidden_dir": str(work / "hidden"),
-        "shard_names": names,
-        "vocab": str(work / "vocab.safetensors"),
-        "train": settings,
-    }
     cuda = args.device == "cuda"
     trainer = train.Trainer(spec)
     if cuda:

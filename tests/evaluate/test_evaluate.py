@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import write_training
+from conftest import write_rows, write_training
 
 from draftsmith import config as cfg
 from draftsmith.draft import vocab
@@ -410,34 +410,34 @@ def test_demo_heldout_set_is_disjoint_from_every_demo_dataset_row(demo_model_dir
 
 
 # --- the stage ------------------------------------------------------------------------
-def _stage_setup(
+def stage_inputs(
     tmp: Path,
     demo_model_dir: Path,
     model_info: dict,
     export_dir: Path,
     questions: list[str],
-    prompts: list[str] = PROMPTS,
-    **evaluate,
-):
-    set_path = tmp / "eval.jsonl"
-    set_path.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in prompts))
-    data = tmp / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in questions))
+    prompts: list[str],
+    **sections,
+) -> tuple[dict, dict]:
+    """A validated config whose held-out set `tiny` holds `prompts` (`sections` add or
+    extend config sections), and evaluation inputs for a draft trained on `questions`."""
+    evaluate = {
+        "max_new_tokens": 8,
+        "warmup_prompts": 1,
+        "prompt_sets": {"tiny": {"path": str(write_rows(tmp / "eval.jsonl", prompts))}},
+        **sections.pop("evaluate", {}),
+    }
     config = cfg.validate(
         {
             "experiment": "test",
             "artifacts_dir": str(tmp / "artifacts"),
             "logs_dir": str(tmp / "logs"),
             "model": {"source": {"kind": "hf_dir", "path": str(demo_model_dir)}, "probe_generation": False},
-            "datasets": {"chat": {"path": str(data), "format": "prompt"}},
-            "evaluate": {
-                "k": [1, 2],
-                "trees": [TREE],
-                "max_new_tokens": 8,
-                "warmup_prompts": 1,
-                "prompt_sets": {"tiny": {"path": str(set_path)}},
-                **evaluate,
+            "datasets": {
+                "chat": {"path": str(write_rows(tmp / "data.jsonl", questions)), "format": "prompt"}
             },
+            "evaluate": evaluate,
+            **sections,
         }
     )
     atomic.write_json(tmp / "model.json", model_info)
@@ -448,6 +448,27 @@ def _stage_setup(
         "merged": str(train),
         "responses": [str(responses)],
     }
+    return config, inputs
+
+
+def _stage_setup(
+    tmp: Path,
+    demo_model_dir: Path,
+    model_info: dict,
+    export_dir: Path,
+    questions: list[str],
+    prompts: list[str] = PROMPTS,
+    **evaluate,
+):
+    config, inputs = stage_inputs(
+        tmp,
+        demo_model_dir,
+        model_info,
+        export_dir,
+        questions,
+        prompts,
+        evaluate={"k": [1, 2], "trees": [TREE], **evaluate},
+    )
     out = tmp / "eval"
     names = {"json": "benchmark.json", "md": "benchmark.md", "per_prompt": "per_prompt.jsonl"}
     outputs = {key: str(out / name) for key, name in {**names, "manifest": "manifest.json"}.items()}

@@ -8,13 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import write_training
-from evaluate.test_evaluate import PROMPTS, export_dir, model, model_info  # noqa: F401 (fixtures)
+from evaluate.test_evaluate import PROMPTS, export_dir, model, model_info, stage_inputs  # noqa: F401 (fixtures)
 
-from draftsmith import config as cfg
 from draftsmith.formats.prompt_sets import OverlapError
 from draftsmith.search.stage import search
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.plan import plan_for
 
 SET = [*PROMPTS, "Count to five.", "Name a fruit."]
@@ -25,36 +23,17 @@ MEASURED = ["k=1", "tree 1/2/3", "k=2", "tree 2/2/3", "tree 2/2/4"]
 
 
 def _setup(tmp: Path, demo_model_dir: Path, model_info: dict, export_dir: Path, trained: list[str]):  # noqa: F811
-    held = tmp / "held.jsonl"
-    held.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in SET))
-    data = tmp / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in trained))
-    config = cfg.validate(
-        {
-            "experiment": "test",
-            "artifacts_dir": str(tmp / "artifacts"),
-            "logs_dir": str(tmp / "logs"),
-            "model": {"source": {"kind": "hf_dir", "path": str(demo_model_dir)}, "probe_generation": False},
-            "datasets": {"chat": {"path": str(data), "format": "prompt"}},
-            "train": {"draft_vocab_size": 2, "ttt_steps": 2},
-            "evaluate": {
-                "max_new_tokens": 8,
-                "warmup_prompts": 1,
-                "prompt_sets": {"tiny": {"path": str(held)}},
-            },
-            "search": SEARCH,
-        }
+    config, inputs = stage_inputs(
+        tmp,
+        demo_model_dir,
+        model_info,
+        export_dir,
+        trained,
+        SET,
+        train={"draft_vocab_size": 2, "ttt_steps": 2},
+        search=SEARCH,
     )
-    atomic.write_json(tmp / "model.json", model_info)
-    train, responses = write_training(tmp, {f"chat-{i:06d}": q for i, q in enumerate(trained)})
-    inputs = {
-        "model": str(tmp / "model.json"),
-        "export_config": str(export_dir / "config.json"),
-        "merged": str(train),
-        "responses": [str(responses)],
-    }
-    out = plan_for(config).search
-    return config, inputs, out.outputs
+    return config, inputs, plan_for(config).search.outputs
 
 
 def test_search_decodes_the_grid_and_recommends_a_launch(tmp_path, demo_model_dir, model_info, export_dir):  # noqa: F811
