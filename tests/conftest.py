@@ -139,6 +139,7 @@ def pipeline_config(tmp: Path, model_dir: Path, store: Path | None = None) -> di
         "warmup_prompts": 0,
         "prompt_sets": {"held_out": {"path": str(held_out), "format": "prompt"}},
     }
+    config["search"] = {"num_steps": [2], "topk": [1, 2], "num_draft_tokens": [4]}  # a chain and a tree
     return config
 
 
