@@ -19,7 +19,9 @@ from typing import Protocol
 from draftsmith import config as cfg
 from draftsmith.formats.datasets import LoadedDataset, Prompt, load_prompts
 from draftsmith.formats.responses import Usage, cost_usd, record_usage
+from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import TokenRate, progress
+from draftsmith.runtime.resources import responses_gpus
 from draftsmith.store import atomic, manifest
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import JOURNAL, Artifact, plan_for
@@ -32,6 +34,14 @@ def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file:
     """Rule `responses`: the target's answer to every prompt of one dataset."""
     artifact = plan_for(config).responses[dataset]
     entry = cfg.dataset_settings(config, dataset)
+    # Leased before anything initialises CUDA; held until the last answer is written.
+    with gpus.acquire_gpus(responses_gpus(config, entry["generation"]["backend"])):
+        return _responses(config, dataset, entry, artifact, inputs, outputs, log_file)
+
+
+def _responses(
+    config: dict, dataset: str, entry: dict, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None
+) -> dict:
     info = model_info(inputs["model"])
     tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
 

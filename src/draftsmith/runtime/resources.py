@@ -25,9 +25,13 @@ def tokens_threads(responses: str) -> int:
 
 
 def responses_gpus(config: dict, backend: str) -> int:
-    """GPUs a responses job holds: the local SGLang server's, else none (hf generation on
-    a GPU shares it through `generation.hf.device`)."""
-    return config["generation"]["sglang"]["gpus"] if backend == "sglang" else 0
+    """GPUs a responses job holds: the local SGLang server's, one for hf generation on a
+    GPU (two such jobs on one GPU run it out of memory at wide batches), none for an API."""
+    if backend == "sglang":
+        return config["generation"]["sglang"]["gpus"]
+    if backend == "hf":
+        return 1 if config["generation"]["hf"]["device"].startswith("cuda") else 0
+    return 0
 
 
 def hidden_gpus(config: dict) -> int:
