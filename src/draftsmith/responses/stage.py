@@ -40,7 +40,13 @@ def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file:
 
 
 def _responses(
-    config: dict, dataset: str, entry: dict, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None
+    config: dict,
+    dataset: str,
+    entry: dict,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None,
 ) -> dict:
     info = model_info(inputs["model"])
     tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
