@@ -9,7 +9,9 @@ stage and everything downstream.
 
 from __future__ import annotations
 
-from draftsmith.store.hashing import derive_key
+import string
+
+from draftsmith.store.hashing import KEY_LENGTH, derive_key
 
 # The stage words, in pipeline order: rule, target, script, package, artifact directory.
 STAGES = (
@@ -51,6 +53,11 @@ def hashed_name(label: str) -> str:
     """A stage word (or `stage/dataset` label) as the key hash spells it."""
     stage, slash, rest = label.partition("/")
     return HASHED_NAMES.get(stage, stage) + slash + rest
+
+
+def is_key(name: str) -> bool:
+    """Whether a directory name is a key (16 lowercase hex digits)."""
+    return len(name) == KEY_LENGTH and all(c in string.hexdigits.lower() for c in name)
 
 
 def stage_key(stage: str, params: dict, upstream: dict[str, str]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftsmith import config as cfg
 from draftsmith.store.hashing import HashCache
-from draftsmith.store.keys import stage_key
+from draftsmith.store.keys import STAGES, is_key, stage_key
 
 MANIFEST = "manifest.json"
 HASH_CACHE = ".hash-cache.json"
@@ -134,6 +134,16 @@ def keyed(root: Path, stage: str, params: dict, upstream: dict[str, str], datase
     key = stage_key(stage, params, upstream)
     directory = root / stage / dataset / key if dataset else root / stage / key
     return Artifact(stage, params, upstream, directory, key, dataset)
+
+
+def key_directory(relative: Path) -> Path | None:
+    """The `<stage>/[<dataset>/]<key>` directory that a path relative to the store lies in,
+    or None when it lies in none."""
+    parts = relative.parts
+    if not parts or parts[0] not in STAGES:
+        return None
+    depth = next((i for i in (1, 2) if len(parts) > i and is_key(parts[i])), None)
+    return None if depth is None else Path(*parts[: depth + 1])
 
 
 def declared(directory: Path | str, stage: str) -> dict[str, str]:
