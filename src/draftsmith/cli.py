@@ -61,11 +61,26 @@ def _parser() -> argparse.ArgumentParser:
     unplanned = "list artifact directories that no given config plans (each config planned on its own)"
     collect = _command(commands, "gc", _gc, unplanned, configs)
     collect.add_argument("--delete", action="store_true", help="delete them")
+    collect.add_argument(
+        "--grace",
+        type=_minutes,
+        default=gc.DEFAULT_GRACE_S / 60,
+        metavar="MINUTES",
+        help="leave directories written less than this long ago (default: %(default)g); "
+        "a directory a running job holds is always left",
+    )
 
     move = _command(commands, "migrate", _migrate, "move a store to the current stage names", configs)
     move.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
     move.add_argument("--dry-run", action="store_true", help="print the steps without taking them")
     return parser
+
+
+def _minutes(text: str) -> float:
+    minutes = float(text)
+    if not minutes >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes >= 0")
+    return minutes
 
 
 def _command(
@@ -160,16 +175,20 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    garbage = gc.unreferenced(_plan_of([path]) for path in _paths(args))
-    total = 0
-    for directory in garbage:
+    grace_s = args.grace * 60
+    taken, skipped, total = 0, 0, 0
+    for root, directory in gc.unreferenced(_plan_of([path]) for path in _paths(args)):
         size = gc.size(directory)
-        total += size
+        why = gc.remove(root, directory, grace_s) if args.delete else gc.kept(root, directory, grace_s)
+        if why is not None:
+            print(f"skipped  {directory}: {why}")
+            skipped += 1
+            continue
+        taken, total = taken + 1, total + size
         print(f"{human_size(size):>9}  {directory}")
-        if args.delete:
-            gc.remove(directory)
     verb = "deleted" if args.delete else "unreferenced (delete with --delete)"
-    print(f"gc: {len(garbage)} directories {verb}, {human_size(total)} ({total:,} bytes)")
+    left = f"; {skipped} skipped (in use or recently written)" if skipped else ""
+    print(f"gc: {taken} directories {verb}, {human_size(total)} ({total:,} bytes){left}")
     for root in sorted({_plan_of([path]).root for path in _paths(args)}):
         leftovers = gc.stale_temps(root)
         for leftover in leftovers:

@@ -1,10 +1,16 @@
 """draftsmith.store.gc and `draftsmith gc`: exactly the directories no given config plans
-are listed, and `--delete` removes exactly those."""
+are listed, and `--delete` removes exactly those, never one a job holds or wrote lately."""
 
 from __future__ import annotations
 
 import copy
 import os
+import select
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -12,9 +18,9 @@ import yaml
 from conftest import stand_in_config
 
 from draftsmith import cli
-from draftsmith.store import gc
+from draftsmith.store import gc, lock
 from draftsmith.store.atomic import TMP_PREFIX
-from draftsmith.store.plan import Plan
+from draftsmith.store.plan import HASH_CACHE, LOCKS, Plan
 from draftsmith.workflow import configure
 
 STRAY_KEYS = ("0123456789abcdef", "fedcba9876543210")
@@ -61,16 +67,32 @@ def build_store(plans: list[Plan]) -> tuple[Path, list[Path]]:
 def listed(out: str) -> set[Path]:
     *lines, summary = out.strip().splitlines()
     assert summary.startswith("gc: ")
-    return {Path(line.split()[-1]) for line in lines}
+    return {Path(line.split()[-1]) for line in lines if not line.startswith("skipped")}
+
+
+def skipped(out: str) -> dict[Path, str]:
+    """Directory -> the reason gc gave for leaving it."""
+    lines = [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("skipped")]
+    return {Path(where): why for where, why in (line.split(": ", 1) for line in lines)}
+
+
+def age(directory: Path, seconds: float) -> None:
+    """Date everything under `directory` (and itself) `seconds` back."""
+    then = time.time() - seconds
+    for path in [*directory.rglob("*"), directory]:
+        os.utime(path, (then, then), follow_symlinks=False)
 
 
 def snapshot(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*") if p.name != ".hash-cache.json"}
+    """The store's files, less the hash cache and the lock files (gc leaves those in place:
+    a job may be waiting on one)."""
+    return {p for p in root.rglob("*") if p.name != HASH_CACHE and LOCKS not in p.relative_to(root).parts}
 
 
 def test_gc_lists_only_what_no_config_plans(tmp_path, configs, capsys):
     plans = [configure(copy.deepcopy(c)) for c in configs.values()]
     root, strays = build_store(plans)
+    age(root, 3600)
     before = snapshot(root)
     paths = config_files(tmp_path, configs)
 
@@ -84,7 +106,7 @@ def test_gc_lists_only_what_no_config_plans(tmp_path, configs, capsys):
     only_second = {a.directory for a in plans[1].artifacts} - {a.directory for a in plans[0].artifacts}
     assert {a.stage for a in plans[1].artifacts if a.directory in only_second} >= {"merged", "train"}
     assert listed(capsys.readouterr().out) == set(strays) | only_second
-    assert snapshot(root) == before
+    assert set(root.rglob("*")) - {root / HASH_CACHE} == before  # listing writes nothing, no lock file
 
 
 def test_gc_delete_removes_exactly_the_unreferenced(tmp_path, configs, capsys):
@@ -93,6 +115,7 @@ def test_gc_delete_removes_exactly_the_unreferenced(tmp_path, configs, capsys):
     before = snapshot(root)
     paths = config_files(tmp_path, configs)
     args = ["gc", "--configfile", str(paths["first"]), "--configfile", str(paths["second"])]
+    age(root, 3600)
 
     assert cli.main([*args, "--delete"]) == 0
     assert listed(capsys.readouterr().out) == set(strays)
@@ -110,3 +133,92 @@ def test_size_counts_a_hard_linked_file_once_and_follows_no_link(tmp_path):
     os.link(directory / "data.bin", directory / "again.bin")
     (directory / "elsewhere").symlink_to(fill(tmp_path / "other", 5000), target_is_directory=True)
     assert gc.size(directory) == 300
+
+
+# --- live work: a job's lock and the grace period -----------------------------------------
+JOB = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from draftsmith.store import lock
+    root, output = Path(sys.argv[1]), Path(sys.argv[2])
+    # "held": only the job's own lock, as jobs took it before directory locks
+    hold = lock.held(lock.lock_path(root, output)) if sys.argv[4:] else lock.building(root, [output])
+    with hold:
+        print("held", flush=True)
+        time.sleep(float(sys.argv[3]))
+    """
+)
+
+
+def job(root: Path, output: Path, seconds: float = 60, *how: str) -> subprocess.Popen:
+    """A process that holds the store locks of the job writing `output`, as a job does."""
+    command = [sys.executable, "-c", JOB, str(root), str(output), str(seconds), *how]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def said_held(proc: subprocess.Popen, timeout_s: float) -> bool:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    return bool(ready) and proc.stdout.readline().strip() == "held"
+
+
+def test_gc_spares_a_directory_whose_job_holds_its_lock(tmp_path, configs, capsys):
+    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    root, strays = build_store(plans)
+    paths = config_files(tmp_path, configs)
+    age(root, 3600)
+    busy = strays[1]  # responses/chat/<key>: a generation job is writing there
+    older = strays[0]  # train/<key>: a job of an older checkout holds only its own lock
+    holders = [job(root, busy / "responses.jsonl"), job(root, older / "ckpt-00000.pt", 60, "held")]
+    try:
+        assert all(said_held(h, 30) for h in holders)
+        assert cli.main(["gc", "--delete", "--configfile", str(paths["first"])]) == 0
+        out = capsys.readouterr().out
+        assert busy.is_dir() and (busy / "data.bin").exists() and older.is_dir()
+        assert not {busy, older} & listed(out)
+        for directory, holder in zip((busy, older), holders, strict=True):
+            assert f"pid {holder.pid}" in skipped(out)[directory] and "lock" in skipped(out)[directory]
+        assert not strays[2].exists()  # the unused one went
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert cli.main(["gc", "--delete", "--configfile", str(paths["first"])]) == 0
+    assert listed(capsys.readouterr().out) == {busy, older} and not busy.exists() and not older.exists()
+
+
+def test_gc_spares_what_was_written_within_the_grace_period(tmp_path, configs, capsys):
+    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    root, strays = build_store(plans)
+    paths = config_files(tmp_path, configs)
+    args = ["gc", "--delete", "--configfile", str(paths["first"]), "--configfile", str(paths["second"])]
+    age(root, 3600)
+    (strays[0] / "journal.jsonl").write_text("{}\n")  # a job finished there just now
+
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert strays[0].is_dir() and "grace" in skipped(out)[strays[0]]
+    assert listed(out) == set(strays[1:]) and not any(s.exists() for s in strays[1:])
+    assert "1 skipped" in out.splitlines()[-1]
+
+    assert cli.main([*args, "--grace", "0"]) == 0
+    assert listed(capsys.readouterr().out) == {strays[0]} and not strays[0].exists()
+
+
+def test_a_job_waits_while_gc_removes_its_directory(tmp_path):
+    root = tmp_path / "store"
+    doomed = fill(root / "train" / STRAY_KEYS[0], 10)
+    age(doomed, 3600)
+    with gc.claim(root, doomed, grace_s=60) as kept:
+        assert kept is None
+        waiting = job(root, doomed / "ckpt-00000.pt", 0)
+        assert not said_held(waiting, 1.0)  # the job waits for gc
+        shutil.rmtree(doomed)  # what gc removes under its claim
+    try:
+        assert said_held(waiting, 30)  # and goes on once gc is done
+        assert waiting.wait(30) == 0
+        assert doomed.is_dir()  # the job finds the directory it writes to
+    finally:
+        waiting.kill()
+        waiting.wait()
+    assert lock.directory_lock(root, doomed) == root / ".locks" / f"train/{STRAY_KEYS[0]}.lock"

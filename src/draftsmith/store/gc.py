@@ -3,28 +3,34 @@
 A key directory is worth keeping while some config plans that key; which configs matter
 is the caller's say (every config given is planned, nothing else). Only directories named
 by a key under a stage word are considered, so temp directories, the hash cache and
-anything else in the store are never touched. Deleting renames the directory to a temp
-name first: a crash mid-delete leaves a `.tmp-` directory (which nothing takes for an
-artifact), never a half-emptied one under its key.
+anything else in the store are never touched.
+
+Another run on the same store may be building a directory that the configs given here do
+not plan. gc leaves a directory alone while a job holds its directory lock
+(`lock.directory_lock`, held shared by every job writing there) and while anything in it
+was written within a grace period (a job that just finished, whose run has yet to see
+its outputs). It deletes holding that lock exclusively, so a job starting meanwhile
+waits. Deleting renames the directory to a temp name first: a crash mid-delete leaves a
+`.tmp-` directory (which nothing takes for an artifact, and the next gc removes), never
+a half-emptied one under its key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import string
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from draftsmith.store import atomic
+from draftsmith.store import atomic, lock
 from draftsmith.store.atomic import TMP_PREFIX, fsync_dir, temp_name
-from draftsmith.store.hashing import KEY_LENGTH
-from draftsmith.store.keys import STAGES
-from draftsmith.store.plan import Plan
+from draftsmith.store.keys import STAGES, is_key
+from draftsmith.store.plan import LOCKS, Plan
 
-
-def is_key(name: str) -> bool:
-    return len(name) == KEY_LENGTH and all(c in string.hexdigits.lower() for c in name)
+# Directories written less than this long ago are left alone (`draftsmith gc --grace`).
+DEFAULT_GRACE_S = 15 * 60
 
 
 def key_dirs(parent: Path) -> list[Path]:
@@ -55,12 +61,13 @@ def dataset_dirs(stage_dir: Path) -> list[Path]:
     )
 
 
-def unreferenced(plans: Iterable[Plan]) -> list[Path]:
-    """Artifact directories under the plans' roots that none of the plans names."""
+def unreferenced(plans: Iterable[Plan]) -> list[tuple[Path, Path]]:
+    """(store root, directory) of each artifact directory under the plans' roots that none
+    of the plans names."""
     plans = list(plans)
     referenced = {a.directory.resolve() for plan in plans for a in plan.artifacts}
     roots = sorted({plan.root.resolve() for plan in plans})
-    return [d for root in roots for d in artifact_dirs(root) if d.resolve() not in referenced]
+    return [(root, d) for root in roots for d in artifact_dirs(root) if d.resolve() not in referenced]
 
 
 def size(directory: Path) -> int:
@@ -69,7 +76,10 @@ def size(directory: Path) -> int:
     total = 0
     for parent, _, names in os.walk(directory):
         for name in names:
-            stat = os.lstat(os.path.join(parent, name))
+            try:
+                stat = os.lstat(os.path.join(parent, name))
+            except FileNotFoundError:  # a job's temp renamed meanwhile
+                continue
             if (stat.st_dev, stat.st_ino) not in seen:
                 seen.add((stat.st_dev, stat.st_ino))
                 total += stat.st_size
@@ -83,9 +93,51 @@ def stale_temps(root: Path) -> list[Path]:
     return [p for p in found if not any(parent in found for parent in p.parents)]
 
 
-def remove(directory: Path) -> None:
-    """Delete an artifact directory: out of its key's name first, then its files."""
-    doomed = directory.with_name(temp_name(f"{directory.name}.gc"))
-    os.rename(directory, doomed)
-    fsync_dir(directory.parent)
-    shutil.rmtree(doomed)
+def last_written(directory: Path) -> float:
+    """The newest modification time of `directory` and of anything under it."""
+    newest = directory.lstat().st_mtime
+    for parent, names, files in os.walk(directory):
+        for name in [*names, *files]:
+            with contextlib.suppress(FileNotFoundError):  # a temp renamed meanwhile
+                newest = max(newest, os.lstat(os.path.join(parent, name)).st_mtime)
+    return newest
+
+
+@contextlib.contextmanager
+def claim(root: Path, directory: Path, grace_s: float, hold: bool = True) -> Iterator[str | None]:
+    """Hold `directory`'s lock exclusively if no job holds it; yield None when the directory
+    may go (while it is held, no job starts writing there), else why it stays. Without
+    `hold` a lock file that does not exist yet is not created (listing writes nothing)."""
+    with lock.taken_at_once(lock.directory_lock(root, directory), create=hold) as taken:
+        # A job's own lock counts too: a checkout from before directory locks takes only that.
+        users = lock.holders(Path(root) / LOCKS / lock.in_store(root, directory))
+        if not taken or users:
+            yield f"in use: its lock is held by {', '.join(users) or 'a job'}"
+            return
+        if not directory.is_dir():
+            yield "already gone"
+            return
+        ago = time.time() - last_written(directory)
+        if ago < grace_s:
+            yield f"written {ago:.0f} s ago, within the grace period of {grace_s / 60:g} min (--grace)"
+            return
+        yield None
+
+
+def kept(root: Path, directory: Path, grace_s: float) -> str | None:
+    """Why gc would leave `directory` now, or None."""
+    with claim(root, directory, grace_s, hold=False) as reason:
+        return reason
+
+
+def remove(root: Path, directory: Path, grace_s: float) -> str | None:
+    """Delete an artifact directory unless it is in use or was written within `grace_s`
+    seconds (then return why it stays): out of its key's name under its lock, then its files."""
+    with claim(root, directory, grace_s) as reason:
+        if reason is not None:
+            return reason
+        doomed = directory.with_name(temp_name(f"{directory.name}.gc"))
+        os.rename(directory, doomed)
+        fsync_dir(directory.parent)
+    shutil.rmtree(doomed)  # under no key's name now: no lock needed
+    return None
