@@ -18,9 +18,9 @@ import yaml
 from conftest import stand_in_config
 
 from draftsmith import cli
-from draftsmith.store import gc, lock
+from draftsmith.store import gc, lock, manifest, verify
 from draftsmith.store.atomic import TMP_PREFIX
-from draftsmith.store.plan import HASH_CACHE, LOCKS, Plan
+from draftsmith.store.plan import HASH_CACHE, LOCKS, MANIFEST, Artifact, Plan
 from draftsmith.workflow import configure
 
 STRAY_KEYS = ("0123456789abcdef", "fedcba9876543210")
@@ -222,3 +222,64 @@ def test_a_job_waits_while_gc_removes_its_directory(tmp_path):
         waiting.kill()
         waiting.wait()
     assert lock.directory_lock(root, doomed) == root / ".locks" / f"train/{STRAY_KEYS[0]}.lock"
+
+
+# --- what a killed gc leaves ------------------------------------------------------------------
+LARGE_FILES = 10_000
+
+
+def large_artifact(directory: Path) -> list[Path]:
+    """A finished artifact of many files, dated an hour back: gc deletes it at once."""
+    files = [directory / f"part-{i:05d}.bin" for i in range(LARGE_FILES)]
+    directory.mkdir(parents=True)
+    for path in files:
+        path.write_bytes(b"x" * 64)
+    artifact = Artifact("train", {}, {}, directory, directory.name)
+    manifest.write(artifact, directory / MANIFEST, files, {}, time.time())
+    age(directory, 3600)
+    return files
+
+
+def kill_gc_midway(config: Path, directory: Path, files: list[Path]) -> Path:
+    """Run `draftsmith gc --delete` and kill -9 it once it has deleted a few of the files of
+    `directory` (renamed out of its key's name); returns the temporary it leaves."""
+    sentinels = files[:: len(files) // 100]
+    command = [sys.executable, "-m", "draftsmith", "gc", "--delete", "--configfile", str(config)]
+    child = subprocess.Popen(command)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and child.poll() is None:
+            temps = list(directory.parent.glob(f"{TMP_PREFIX}{directory.name}.gc@*"))
+            if temps and not all((temps[0] / s.name).exists() for s in sentinels):
+                child.kill()
+                break
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -9 and temps, "gc finished before it could be killed"
+    return temps[0]
+
+
+def test_verify_passes_over_what_a_killed_gc_left_and_the_next_gc_removes_it(tmp_path, configs, capsys):
+    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    root, _ = build_store(plans)
+    age(root, 3600)
+    first = config_files(tmp_path, configs)["first"]
+    for attempt in range(3):  # the deletion order is the file system's: the manifest must outlive the kill
+        directory = root / "train" / f"{attempt:016x}"
+        left = kill_gc_midway(first, directory, large_artifact(directory))
+        if (left / MANIFEST).exists():
+            break
+    assert not directory.exists() and len(list(left.iterdir())) < LARGE_FILES + 1
+    capsys.readouterr()
+
+    assert cli.main(["verify", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "CORRUPT" not in out and f"STALE {left}" in out
+    assert cli.main(["verify", str(root), "--fix"]) == 0
+    out = capsys.readouterr().out
+    assert "rebuild" not in out and not list(left.glob(f"*{verify.QUARANTINE_SUFFIX}"))
+
+    assert cli.main(["gc", "--delete", "--configfile", str(first)]) == 0
+    assert f"removed  {left}" in capsys.readouterr().out
+    assert not list(root.rglob(f"{TMP_PREFIX}*.gc@*"))

@@ -8,6 +8,10 @@ What is checked:
 - with a plan: every artifact the config builds and every shard, which must exist
   (a deleted directory is reported, and `snakemake` rebuilds it).
 
+Temporaries (`.tmp-*`: a write in progress, or what a killed job or gc left) are no
+artifacts and are not checked; those of dead processes are reported as stale, for
+`draftsmith gc --delete` to remove, and are no finding.
+
 `--fix` quarantines what is corrupt (each file renamed to `<name>.corrupt`, a staged
 record dropped so nothing re-links the bad bytes) and prints the targets that rebuild
 exactly those artifacts. Inputs of keyed jobs are compared by content, not by
@@ -25,7 +29,8 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.formats import shards
-from draftsmith.store import manifest
+from draftsmith.store import gc, manifest
+from draftsmith.store.atomic import TMP_PREFIX
 from draftsmith.store.hashing import sha256_file
 from draftsmith.store.plan import MANIFEST, STAGED, Plan
 
@@ -52,15 +57,20 @@ class Finding:
         return "MISSING" if self.missing else "CORRUPT"
 
 
+def in_temp(root: Path, path: Path) -> bool:
+    """Whether `path` lies in a temporary (`.tmp-*`) under the store `root`."""
+    return any(part.startswith(TMP_PREFIX) for part in path.relative_to(root).parts)
+
+
 def find_manifests(root: Path) -> list[Path]:
     """Stage manifests and hidden-state shard indexes (each shard is its own artifact)."""
     found = [*root.rglob(MANIFEST), *root.rglob(SHARD_INDEX_GLOB)]
     # Staged files are hard links of the declared ones (store.staging).
-    return sorted(p for p in found if STAGED not in p.parts)
+    return sorted(p for p in found if STAGED not in p.parts and not in_temp(root, p))
 
 
 def find_records(root: Path) -> list[Path]:
-    return sorted(root.rglob(f"{STAGED}/*{RECORD_SUFFIX}"))
+    return sorted(p for p in root.rglob(f"{STAGED}/*{RECORD_SUFFIX}") if not in_temp(root, p))
 
 
 def _is_shard(path: Path) -> bool:
@@ -162,8 +172,14 @@ def run(root: Path, plan: Plan | None, fix: bool, configfiles: list[str], say=pr
         if fix and not finding.missing:
             quarantine(finding)
             say("  quarantined")
+    stale = gc.stale_temps(root)
+    for temp in stale:
+        say(f"STALE {temp}")
+    if stale:
+        say("  temporaries of processes that died (not artifacts): draftsmith gc --delete removes them")
     corrupt = sum(not f.missing for f in findings)
-    say(f"verify: {checked} checked, {corrupt} corrupt, {len(findings) - corrupt} missing")
+    counts = f"{checked} checked, {corrupt} corrupt, {len(findings) - corrupt} missing"
+    say(f"verify: {counts}" + (f", {len(stale)} stale temporaries" if stale else ""))
     if findings and (fix or corrupt == 0):
         say("rebuild exactly these with:\n  " + rebuild_command(findings, configfiles))
     elif corrupt:
