@@ -1,7 +1,8 @@
 """Chaos: kill -9 at random points, damaged files, a full disk, bad inputs, two checkouts
-at once and a read-only store, each on the real workflow. Every case asserts that no
-finished artifact is lost or changed, that the rerun completes and that the store
-verifies; the tally is printed at the end of the run (tests/chaos/conftest.py).
+at once, gc looping during another config's run and a read-only store, each on the real
+workflow. Every case asserts that no finished artifact is lost or changed, that the rerun
+completes and that the store verifies; the tally is printed at the end of the run
+(tests/chaos/conftest.py).
 
 Seeded: DRAFTSMITH_CHAOS_SEED (default 15) picks delays, kill kinds and damage.
 """
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -299,6 +301,48 @@ def test_two_checkouts_on_an_empty_store_both_finish_and_build_once(tmp_path, de
     passed = finished and journals_once and once and verified
     tally.case("two checkouts, one store", passed)
     assert passed, (finished, journals_once, keyed, outputs[0][-2000:], outputs[1][-2000:])
+
+
+def test_gc_of_another_config_during_a_run_deletes_none_of_its_work(reference, tmp_path, tally):
+    """`draftsmith gc --delete` for config A, looped while config C (A with other evaluate
+    settings) builds its evaluation on a copy of A's store: gc leaves C's live directory (its lock
+    is held, then it was just written), C's run finishes and verifies, A loses nothing."""
+    _, config = reference
+    store, work = tmp_path / "store", tmp_path / "work"
+    shutil.copytree(config["artifacts_dir"], store)
+    work.mkdir()
+    first = write(dict(config, artifacts_dir=str(store)), tmp_path / "a.yaml")
+    other = dict(config, artifacts_dir=str(store), evaluate={**config["evaluate"], "k": [1]})
+    second = write(other, tmp_path / "c.yaml")
+    before = finished_files(store)
+    outputs: list[str] = []
+    command = snakemake_cmd(work, second, "evaluate")
+    running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def collect() -> None:
+        while running.poll() is None:
+            outputs.append(draftsmith("gc", "--delete", "--configfile", str(first)).stdout)
+            time.sleep(0.5)  # leave the run most of the two cores
+        outputs.append(draftsmith("gc", "--delete", "--configfile", str(first)).stdout)  # just after
+
+    looping = threading.Thread(target=collect)
+    looping.start()
+    log = running.communicate(timeout=900)[0].decode()
+    looping.join()
+    skipped = [line for out in outputs for line in out.splitlines() if line.startswith("skipped")]
+    finished = running.returncode == 0
+    # Every gc ran, deleted nothing (A's store holds only A's and C's work) and named C's
+    # evaluation as what it skipped.
+    spared = all("gc: 0 directories deleted" in out for out in outputs)
+    spared &= any(f"{store.resolve()}/evaluate/" in line for line in skipped)
+    verified = draftsmith("verify", "--configfile", str(second)).returncode == 0
+    kept = not changed(before)
+    passed = finished and spared and verified and kept
+    tally.case("gc during another run", passed)
+    tally.add("gc runs during another run", len(outputs))
+    tally.add("gc skips: a job held the directory", sum("in use" in line for line in skipped))
+    tally.add("gc skips: written within the grace period", sum("grace" in line for line in skipped))
+    assert passed, (finished, skipped, verified, kept, log[-3000:])
 
 
 def test_a_read_only_store_is_planned_and_verified(reference, tmp_path, tally):
