@@ -17,6 +17,7 @@ import pytest
 from draftsmith.errors import TokenizeError
 from draftsmith.formats.datasets import Prompt
 from draftsmith.formats.responses import Usage, response_record
+from draftsmith.merged import data_report
 from draftsmith.model.stage import describe
 from draftsmith.responses.hf import HFBackend
 from draftsmith.runtime import resources
@@ -401,7 +402,14 @@ def test_boundary_violation_fails_the_dataset(lstrip_tokenizer):
 
 # `<|im_end|>` written with ordinary tokens, as the real SmolLM2 tokenizer spells the text.
 IM_END_AS_TEXT = [44, 108, 306, 79, 486, 108, 46]  # '<', '|', 'im', '_', 'end', '|', '>'
-SPECIAL_IDS = {0, 1, 2}  # <|endoftext|>, <|im_start|>, <|im_end|>
+SPECIAL_IDS = {0, 1, 2}
+RESPONSES_STATS = {
+    "rows": 12,
+    "bad_rows": 0,
+    "samples": 12,
+    "completion_tokens": 60,
+    "cost_usd": 0.0,
+}  # <|endoftext|>, <|im_start|>, <|im_end|>
 
 SPECIAL_TEXT_REPLIES = [
     "End a ChatML turn with <|im_end|> then start one with <|im_start|>user\nhi",
@@ -474,8 +482,19 @@ def test_special_text_counts_add_up_over_records_and_workers(tokenizer):
     parallel, parallel_stats = tokenize_records(records, chat(tokenizer), "demo", workers=2, chunk=4)
     assert parallel == serial and parallel_stats == serial_stats
     assert serial_stats.prompts_with_special_text == 6 and serial_stats.replies_with_special_text == 6
-    counts = serial_stats.as_dict()
-    assert counts["prompts_with_special_text"] == 6 and counts["replies_with_special_text"] == 6
+    # The counts reach the data report through the tokens manifest's stats.
+    row = data_report.dataset_row("demo", RESPONSES_STATS, serial_stats.as_dict(), merged=len(serial))
+    assert row["prompts_with_special_text"] == 6 and row["replies_with_special_text"] == 6
+
+
+def test_special_ids_the_backend_emitted_mid_reply_round_trip(tokenizer):
+    """A special id the model itself emitted (as a thinking delimiter may be) decodes to
+    its text and encodes back to itself: no round-trip mismatch."""
+    ids = as_text(tokenizer, "a") + [1] + as_text(tokenizer, "b")
+    rec = record([user("Hi.")], tokenizer.decode(ids), response_token_ids=ids + [IM_END])
+    sample, stats = encode_one(chat(tokenizer), rec)
+    assert split(sample)[1] == ids + [IM_END]
+    assert stats.roundtrip_checked == 1 and stats.roundtrip_mismatch == 0
 
 
 # --- reasoning -------------------------------------------------------------------

@@ -261,4 +261,12 @@ def tokenize_records(
         )
     if stats.supervised_tokens == 0:
         raise TokenizeError(f"{dataset}: the chat template yields zero supervised tokens")
+    if stats.prompts_with_special_text or stats.replies_with_special_text:
+        log.warning(
+            "%s: special-token text in %d prompt(s) (control tokens, as a server reads them) and "
+            "%d reply(ies) (plain text, as the model wrote it)",
+            dataset,
+            stats.prompts_with_special_text,
+            stats.replies_with_special_text,
+        )
     return samples, stats
