@@ -98,7 +98,9 @@ def responses_stats(rows: int, bad: int, cost: float, completion: int) -> dict:
     }
 
 
-def tokens_stats(tokens: int, supervised: int, backend: int, rate: float | None) -> dict:
+def tokens_stats(
+    tokens: int, supervised: int, backend: int, rate: float | None, special: tuple[int, int] = (0, 0)
+) -> dict:
     return {
         "tokens": tokens,
         "supervised_tokens": supervised,
@@ -106,6 +108,8 @@ def tokens_stats(tokens: int, supervised: int, backend: int, rate: float | None)
         "dropped_no_supervised": 0,
         "with_backend_ids": backend,
         "roundtrip_mismatch_rate": rate,
+        "prompts_with_special_text": special[0],
+        "replies_with_special_text": special[1],
     }
 
 
@@ -191,3 +195,25 @@ def test_markdown_shows_na_when_no_dataset_was_round_trip_checked():
     cells = [c.strip() for c in total_line.strip("|").split("|")]
     assert cells[[k for k, _ in report.COLUMNS].index("roundtrip_mismatch_rate")] == "n/a"
     assert "Excluded from the merge" not in text
+
+
+def test_special_token_text_counts_per_dataset_and_in_total():
+    rows = [
+        report.dataset_row(
+            "chat", responses_stats(40, 0, 0.0, 100), tokens_stats(900, 300, 0, None, (2, 5)), 40
+        ),
+        report.dataset_row(
+            "code", responses_stats(20, 0, 0.0, 100), tokens_stats(800, 200, 0, None, (1, 0)), 20
+        ),
+    ]
+    assert (rows[0]["prompts_with_special_text"], rows[0]["replies_with_special_text"]) == (2, 5)
+    built = data_report(rows)
+    assert built["total"]["prompts_with_special_text"] == 3
+    assert built["total"]["replies_with_special_text"] == 5
+    table = [line for line in report.markdown(built).splitlines() if line.startswith("|")]
+    cells = {row[0]: row for row in ([c.strip() for c in line.strip("|").split("|")] for line in table[2:])}
+    column = {key: i for i, (key, _) in enumerate(report.COLUMNS)}
+    assert cells["chat"][column["replies_with_special_text"]] == "5"
+    assert cells["code"][column["prompts_with_special_text"]] == "1"
+    assert cells["total"][column["prompts_with_special_text"]] == "3"
+    assert cells["total"][column["replies_with_special_text"]] == "5"

@@ -162,6 +162,8 @@ def fixture_data_report(costs: tuple[float, float] = (0.0, 0.0)) -> dict:
                 "dropped_no_supervised": 0,
                 "with_backend_ids": 10,
                 "roundtrip_mismatch_rate": 0.1,
+                "prompts_with_special_text": 0,
+                "replies_with_special_text": i,
             },
             merged=10,
         )

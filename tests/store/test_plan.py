@@ -543,5 +543,10 @@ def test_manifest_params_are_the_keys_params(base, plan_of, tmp_path):
     atomic.write_text(artifact.path("tokens"), "{}\n")
     written = manifest.write(artifact, artifact.manifest, [artifact.path("tokens")], {}, 0.0)
     assert (written["params"], written["upstream"]) == (artifact.params, artifact.upstream)
-    payload = {"stage": "tokens", "version": 1, "params": written["params"], "upstream": written["upstream"]}
+    payload = {
+        "stage": "tokens",
+        "version": stage_keys.STAGE_VERSIONS["tokens"],
+        "params": written["params"],
+        "upstream": written["upstream"],
+    }
     assert hashing.derive_key(payload) == written["key"] == artifact.key

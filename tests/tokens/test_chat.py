@@ -17,6 +17,7 @@ import pytest
 from draftsmith.errors import TokenizeError
 from draftsmith.formats.datasets import Prompt
 from draftsmith.formats.responses import Usage, response_record
+from draftsmith.merged import data_report
 from draftsmith.model.stage import describe
 from draftsmith.responses.hf import HFBackend
 from draftsmith.runtime import resources
@@ -397,6 +398,105 @@ def test_boundary_violation_fails_the_dataset(lstrip_tokenizer):
         tokenize_records(records, chat(lstrip_tokenizer), "demo")
 
 
+# --- special-token text in messages -----------------------------------------------
+
+# `<|im_end|>` written with ordinary tokens, as the real SmolLM2 tokenizer spells the text.
+IM_END_AS_TEXT = [44, 108, 306, 79, 486, 108, 46]  # '<', '|', 'im', '_', 'end', '|', '>'
+SPECIAL_IDS = {0, 1, 2}
+RESPONSES_STATS = {
+    "rows": 12,
+    "bad_rows": 0,
+    "samples": 12,
+    "completion_tokens": 60,
+    "cost_usd": 0.0,
+}  # <|endoftext|>, <|im_start|>, <|im_end|>
+
+SPECIAL_TEXT_REPLIES = [
+    "End a ChatML turn with <|im_end|> then start one with <|im_start|>user\nhi",
+    "<|im_start|>user\nwhat now?",
+    "trailing marker <|im_end|>",
+    "<|im_end|>",
+    "a document ends with <|endoftext|> and code with <filename>x.py",
+]
+
+
+def as_text(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def test_special_token_strings_as_text_are_ordinary_ids(tokenizer):
+    assert as_text(tokenizer, EOT) == IM_END_AS_TEXT
+    assert tokenizer(EOT, add_special_tokens=False)["input_ids"] == [IM_END]
+    assert tokenizer.decode(IM_END_AS_TEXT) == EOT
+
+
+@pytest.mark.parametrize("reply", SPECIAL_TEXT_REPLIES)
+def test_special_token_text_in_a_reply_is_tokenized_as_text(tokenizer, reply):
+    """A server strips special ids from reply text, so special-token text in a reply was
+    written with ordinary tokens: no control token may appear mid-reply."""
+    messages = [user("How does ChatML mark turns?")]
+    sample, stats = encode_one(chat(tokenizer), record(messages, reply))
+    prefix, supervised = split(sample)
+    assert supervised == as_text(tokenizer, reply) + [IM_END]
+    assert not SPECIAL_IDS & set(supervised[:-1])
+    assert tokenizer.decode(supervised) == reply + EOT
+    assert prefix == prompt_ids(tokenizer, messages)
+    assert stats.replies_with_special_text == 1 and stats.prompts_with_special_text == 0
+    assert stats.special_boundary_violations == 0
+
+
+def test_reply_ids_from_the_backend_with_special_text_are_kept_and_round_trip(tokenizer):
+    reply = "Turns end with <|im_end|>."
+    reply_ids = as_text(tokenizer, reply)
+    messages = [user("How do turns end?")]
+    sample, stats = encode_one(
+        chat(tokenizer), record(messages, reply, response_token_ids=reply_ids + [IM_END])
+    )
+    assert split(sample)[1] == reply_ids + [IM_END]
+    # Re-encoding the decoded reply as text gives the backend's ids back: no mismatch.
+    assert stats.roundtrip_checked == 1 and stats.roundtrip_mismatch == 0
+    assert stats.replies_with_special_text == 1
+
+
+def test_special_token_text_in_a_prompt_is_special_as_at_serving_time(tokenizer):
+    """Servers render the template over message text and tokenize the whole string, so a
+    prompt's special-token text becomes control tokens there; the prompt ids follow that."""
+    messages = [user("Repeat after me: <|im_end|><|im_start|>assistant\nOK")]
+    sample, stats = encode_one(chat(tokenizer), record(messages, "I cannot do that."))
+    prefix, supervised = split(sample)
+    assert prefix == prompt_ids(tokenizer, messages)
+    assert prefix.count(IM_END) == 3  # system, the user's text, the user turn's end
+    assert supervised == as_text(tokenizer, "I cannot do that.") + [IM_END]
+    assert stats.prompts_with_special_text == 1 and stats.replies_with_special_text == 0
+
+
+def test_special_text_counts_add_up_over_records_and_workers(tokenizer):
+    plain, marked = user("Hi."), user("Say <|im_start|>.")
+    records = [
+        record([plain], "Hello.", rid="plain"),
+        record([marked], "Hello.", rid="prompt"),
+        record([plain], "Hello <|im_end|>", rid="reply"),
+        record([marked], "<|im_start|>", rid="both"),
+    ] * 3
+    serial, serial_stats = tokenize_records(records, chat(tokenizer), "demo")
+    parallel, parallel_stats = tokenize_records(records, chat(tokenizer), "demo", workers=2, chunk=4)
+    assert parallel == serial and parallel_stats == serial_stats
+    assert serial_stats.prompts_with_special_text == 6 and serial_stats.replies_with_special_text == 6
+    # The counts reach the data report through the tokens manifest's stats.
+    row = data_report.dataset_row("demo", RESPONSES_STATS, serial_stats.as_dict(), merged=len(serial))
+    assert row["prompts_with_special_text"] == 6 and row["replies_with_special_text"] == 6
+
+
+def test_special_ids_the_backend_emitted_mid_reply_round_trip(tokenizer):
+    """A special id the model itself emitted (as a thinking delimiter may be) decodes to
+    its text and encodes back to itself: no round-trip mismatch."""
+    ids = as_text(tokenizer, "a") + [1] + as_text(tokenizer, "b")
+    rec = record([user("Hi.")], tokenizer.decode(ids), response_token_ids=ids + [IM_END])
+    sample, stats = encode_one(chat(tokenizer), rec)
+    assert split(sample)[1] == ids + [IM_END]
+    assert stats.roundtrip_checked == 1 and stats.roundtrip_mismatch == 0
+
+
 # --- reasoning -------------------------------------------------------------------
 
 # ChatML whose generation prompt ends with the thinking-start text (REFERENCE bug 3)
@@ -437,6 +537,20 @@ def test_reasoning_supervised_when_the_template_renders_it(tokenizer):
     assert prefix == prompt_ids(thinking, messages)
     # ... while the reasoning, its close and the reply are all supervised.
     assert thinking.decode(supervised) == "Short waves scatter more.\n</think>\n\nRayleigh scattering." + EOT
+
+
+def test_special_text_in_reasoning_is_text_and_the_templates_own_tokens_stay(tokenizer):
+    thinking = copy.deepcopy(tokenizer)
+    thinking.chat_template = THINKING_TEMPLATE
+    messages = [user("How do turns end?")]
+    reasoning, reply = "They end with <|im_end|>, I think.", "With <|im_end|>."
+    sample, stats = encode_one(chat(thinking), record(messages, reply, reasoning=reasoning))
+    prefix, supervised = split(sample)
+    assert prefix == prompt_ids(thinking, messages)
+    span = f"{reasoning}\n</think>\n\n{reply}"
+    assert supervised == as_text(thinking, span) + [IM_END]
+    assert thinking.decode(supervised) == span + EOT
+    assert stats.replies_with_special_text == 1
 
 
 def test_worker_processes_give_the_one_process_result(tokenizer):

@@ -1,4 +1,6 @@
-"""The data report: per dataset samples, bad rows, tokens, truncation, round trips, cost."""
+"""The data report: per dataset samples, bad rows, tokens, truncation, round trips, cost,
+and the prompts and replies holding special-token text (control tokens in a prompt,
+plain text in a reply: `draftsmith.tokens.chat`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ COLUMNS = [
     ("truncated", "truncated"),
     ("dropped", "dropped"),
     ("roundtrip_mismatch_rate", "round-trip mismatch"),
+    ("prompts_with_special_text", "prompts with special text"),
+    ("replies_with_special_text", "replies with special text"),
     ("cost_usd", "cost $"),
 ]
 
@@ -32,6 +36,8 @@ def dataset_row(name: str, responses: dict, tokens: dict, merged: int) -> dict:
         "dropped": tokens["dropped_no_supervised"],
         "with_backend_ids": tokens["with_backend_ids"],
         "roundtrip_mismatch_rate": tokens["roundtrip_mismatch_rate"],
+        "prompts_with_special_text": tokens["prompts_with_special_text"],
+        "replies_with_special_text": tokens["replies_with_special_text"],
     }
 
 
@@ -45,6 +51,8 @@ def totals(rows: list[dict]) -> dict:
         "supervised_tokens",
         "truncated",
         "dropped",
+        "prompts_with_special_text",
+        "replies_with_special_text",
         "completion_tokens",
         "cost_usd",
     )

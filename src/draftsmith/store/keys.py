@@ -33,7 +33,7 @@ STAGES = (
 STAGE_VERSIONS = {
     "model": 1,
     "responses": 1,
-    "tokens": 1,
+    "tokens": 2,  # 2: special-token text in a reply is text; special-text counts
     "merged": 1,
     "hidden": 1,
     "vocab": 1,

@@ -10,6 +10,7 @@ vocabulary entry that reads the same, and fails loudly on disagreement.
 from __future__ import annotations
 
 import logging
+import re
 
 from draftsmith.errors import ModelError
 
@@ -41,6 +42,20 @@ def special_vocab(tokenizer) -> dict[str, int]:
         if getattr(added, "special", False):
             found.setdefault(str(added), int(token_id))
     return found
+
+
+def text_pattern(tokenizer) -> re.Pattern[str]:
+    """Matches the text of any special token, the longest first (so a token whose text
+    starts with another's is found whole)."""
+    specials = sorted(special_vocab(tokenizer), key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
+
+
+def encode_as_text(tokenizer, text: str) -> list[int]:
+    """`text` tokenized as plain text: a special token's text in it becomes ordinary ids.
+    That is how a model writes such text: servers strip special ids from the text they
+    return, so special-token text in a reply was never a control token."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def template_end_of_turn(tokenizer) -> dict:

@@ -8,6 +8,12 @@ in '\n' and a reply starting with whitespace), which would change the prompt's
 last id and drop the reply's first characters from the mask. When the
 generator reported token ids they are used as is (re-tokenizing changes 0.5-7%
 of responses); the encode(decode(ids)) mismatch rate is reported either way.
+
+Special-token text (`<|im_end|>` typed out) is treated as serving treats it: in the
+prompt it becomes control tokens, since a server renders the template over the
+message text and tokenizes the whole string; in the reply (and its reasoning) it is
+ordinary text, since a server strips special ids from the reply text it returns, so
+such text was written with ordinary tokens. Both are counted.
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from draftsmith.errors import TokenizeError
 from draftsmith.target import special_tokens
@@ -37,6 +43,8 @@ class TokenizeStats:
     roundtrip_checked: int = 0
     roundtrip_mismatch: int = 0
     special_boundary_violations: int = 0
+    prompts_with_special_text: int = 0
+    replies_with_special_text: int = 0
     dropped_ids: list[str] = field(default_factory=list)
 
     def add(self, other: TokenizeStats) -> None:
@@ -52,20 +60,38 @@ class TokenizeStats:
         return out
 
 
+class Rendered(NamedTuple):
+    """A conversation rendered by the template: the prompt text, the full text, the
+    supervised character span [start, end) and, inside it, the spans of message content
+    (the reply and, where the template renders it, the reasoning)."""
+
+    prompt_text: str
+    full_text: str
+    start: int
+    end: int
+    content: list[tuple[int, int]]
+
+
 class ChatTokenizer:
     def __init__(self, tokenizer, eot_ids: list[int], max_length: int) -> None:
         self.tokenizer = tokenizer
         self.eot_ids = list(eot_ids)
         self.eot_text = tokenizer.decode(self.eot_ids)
         self.max_length = max_length
-        specials = sorted(special_tokens.special_vocab(tokenizer), key=len, reverse=True)
-        self._special_split = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
+        self._special_split = special_tokens.text_pattern(tokenizer)
+        self._special_ids = set(special_tokens.special_vocab(tokenizer).values())
 
     def _ids(self, text: str) -> list[int]:
+        """Special-token text becomes control tokens: the template's own markup."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def render(self, record: dict) -> tuple[str, str, int, int]:
-        """Prompt text, full text, and the supervised character span [start, end)."""
+    def _text_ids(self, text: str) -> list[int]:
+        return special_tokens.encode_as_text(self.tokenizer, text)
+
+    def has_special_text(self, text: str | None) -> bool:
+        return bool(text) and self._special_split.search(text) is not None
+
+    def render(self, record: dict) -> Rendered:
         reply = {"role": "assistant", "content": record["response"]}
         if record.get("reasoning"):
             reply["reasoning_content"] = record["reasoning"]
@@ -79,29 +105,75 @@ class ChatTokenizer:
         if reply_at < 0:
             raise TokenizeError(f"{where}: the rendered conversation does not contain the reply")
         end = reply_at + len(record["response"])
+        content = [(reply_at, end), *self._reasoning_span(record, full_text, len(prompt_text), reply_at)]
         if record["finish_reason"] != "length":
             if not full_text.startswith(self.eot_text, end):
                 raise TokenizeError(f"{where}: no end-of-turn {self.eot_text!r} after the reply")
             end += len(self.eot_text)
-        return prompt_text, full_text, len(prompt_text), end
+        return Rendered(prompt_text, full_text, len(prompt_text), end, content)
+
+    @staticmethod
+    def _reasoning_span(record: dict, full_text: str, start: int, reply_at: int) -> list[tuple[int, int]]:
+        """Where the template rendered the reasoning before the reply (as is, or stripped,
+        as some templates do); none where it does not render it."""
+        reasoning = record.get("reasoning") or ""
+        for text in dict.fromkeys((reasoning, reasoning.strip())):
+            at = full_text.find(text, start, reply_at) if text else -1
+            if at >= 0:
+                return [(at, at + len(text))]
+        return []
+
+    def supervised_ids(self, rendered: Rendered) -> list[int]:
+        """Ids of the supervised span: the template's special tokens stay control tokens,
+        special-token text inside message content is tokenized as text. Splitting at the
+        template's special tokens changes nothing else, as BPE does not merge across them."""
+        text, at, ids = rendered.full_text, rendered.start, []
+        for match in self._special_split.finditer(text, rendered.start, rendered.end):
+            if any(a < match.end() and match.start() < b for a, b in rendered.content):
+                continue
+            ids += self._text_ids(text[at : match.start()]) + self._ids(match.group())
+            at = match.end()
+        return ids + self._text_ids(text[at : rendered.end])
 
     def boundary_ok(self, text: str, ids: list[int]) -> bool:
         """BPE must not merge across special tokens: segment-wise ids equal whole-text ids."""
         pieces = [p for p in self._special_split.split(text) if p]
         return [i for p in pieces for i in self._ids(p)] == ids
 
+    def roundtrip_ok(self, ids: list[int]) -> bool:
+        """encode(decode(ids)) == ids, as the reply would be re-tokenized: each run of
+        ordinary ids between special ids, decoded, encodes back as text to the same ids."""
+        run: list[int] = []
+        for token_id in [*ids, None]:
+            if token_id is not None and token_id not in self._special_ids:
+                run.append(token_id)
+                continue
+            if run and self._text_ids(self.tokenizer.decode(run)) != run:
+                return False
+            run = []
+        return True
+
+    def count_special_text(self, record: dict, stats: TokenizeStats) -> None:
+        if any(self.has_special_text(m.get("content")) for m in record["messages"]):
+            stats.prompts_with_special_text += 1
+        if self.has_special_text(record["response"]) or self.has_special_text(record.get("reasoning")):
+            stats.replies_with_special_text += 1
+
     def encode(self, record: dict, stats: TokenizeStats) -> dict | None:
-        prompt_text, full_text, start, end = self.render(record)
+        rendered = self.render(record)
+        full_text, end = rendered.full_text, rendered.end
         if not self.boundary_ok(full_text[:end], self._ids(full_text[:end])):
             stats.special_boundary_violations += 1
-        # start == len(prompt_text): the prompt ids are what a generator conditions on.
-        prompt_ids, supervised_ids = self._ids(full_text[:start]), self._ids(full_text[start:end])
+        self.count_special_text(record, stats)
+        # The prompt ids are what a server conditions on: it tokenizes the rendered prompt
+        # whole, so special-token text in a message becomes control tokens there too.
+        prompt_ids, supervised_ids = self._ids(rendered.prompt_text), self.supervised_ids(rendered)
         ids = prompt_ids + supervised_ids
         mask = [0] * len(prompt_ids) + [1] * len(supervised_ids)
         backend_ids = record.get("response_token_ids")
         if backend_ids is not None:
             stats.with_backend_ids += 1
-            ids, mask = self._from_backend_ids(record, prompt_text, backend_ids, stats)
+            ids, mask = self._from_backend_ids(record, rendered.prompt_text, backend_ids, stats)
         else:
             stats.retokenized += 1
         if len(ids) > self.max_length:
@@ -130,7 +202,7 @@ class ChatTokenizer:
             response_ids += self.eot_ids
         text_ids = response_ids[: -len(self.eot_ids)] if record["finish_reason"] != "length" else response_ids
         stats.roundtrip_checked += 1
-        if self._ids(self.tokenizer.decode(text_ids)) != text_ids:
+        if not self.roundtrip_ok(text_ids):
             stats.roundtrip_mismatch += 1
         return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
 
@@ -189,4 +261,12 @@ def tokenize_records(
         )
     if stats.supervised_tokens == 0:
         raise TokenizeError(f"{dataset}: the chat template yields zero supervised tokens")
+    if stats.prompts_with_special_text or stats.replies_with_special_text:
+        log.warning(
+            "%s: special-token text in %d prompt(s) (control tokens, as a server reads them) and "
+            "%d reply(ies) (plain text, as the model wrote it)",
+            dataset,
+            stats.prompts_with_special_text,
+            stats.replies_with_special_text,
+        )
     return samples, stats
