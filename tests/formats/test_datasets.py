@@ -289,6 +289,52 @@ def test_bad_rows_are_logged_with_path_and_line(tmp_path, caplog):
     assert any("1 prompts" in r.getMessage() for r in caplog.records if r.levelname == "INFO")
 
 
+# --- hostile rows ----------------------------------------------------------------------
+
+
+def demo_count_tokens(model_dir: Path):
+    """The prompt's length as the responses stage counts it, with the real demo tokenizer."""
+    from draftsmith.target.load import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    return lambda messages: len(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+
+
+def test_a_row_nested_too_deep_is_a_bad_row(tmp_path):
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = write_jsonl(tmp_path / "deep.jsonl", [{"prompt": "fine"}, deep, {"prompt": "also fine"}])
+    loaded = load_prompts("d", entry(path))
+    bad = only_bad(loaded)
+    assert (bad.line, bad.field, bad.reason) == (2, None, "bad-json")
+    assert "nested" in bad.detail
+    assert [p.line for p in loaded.prompts] == [1, 3]
+    with pytest.raises(DatasetError, match=rf"{re.escape(str(path))}:2: .*nested"):
+        load_prompts("d", entry(path, max_bad_fraction=0.0))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "row", "field"),
+    [
+        ("prompt", b'{"prompt": "hi \\ud800 there"}', "prompt"),
+        ("prompt", b'{"prompt": "hi", "system": "be \\udfff brief"}', "system"),
+        ("sharegpt", b'{"conversations": [{"from": "human", "value": "\\udc00"}]}', "conversations[0].value"),
+    ],
+)
+def test_a_lone_surrogate_is_a_bad_row_before_tokenizing(tmp_path, demo_model_dir, fmt, row, field):
+    good = {"prompt": "fine"} if fmt == "prompt" else {"conversations": OK_CONVERSATION}
+    path = write_jsonl(tmp_path / "s.jsonl", [good, row])
+    count = demo_count_tokens(demo_model_dir)
+    loaded = load_prompts("s", entry(path, fmt), count_tokens=count)
+    bad = only_bad(loaded)
+    assert (bad.line, bad.field, bad.reason) == (2, field, "invalid-utf8")
+    assert "surrogate" in bad.detail
+    assert len(loaded.prompts) == 1
+    with pytest.raises(DatasetError, match=rf"{re.escape(str(path))}:2: {re.escape(field)}: .*surrogate"):
+        load_prompts("s", entry(path, fmt, max_bad_fraction=0.0), count_tokens=count)
+
+
 # --- caps and sources ------------------------------------------------------------------
 
 

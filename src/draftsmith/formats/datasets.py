@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ ERROR_EXAMPLES = 5
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_BATCH_ROWS = 1024
 UTF8_BOM = b"\xef\xbb\xbf"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 CountTokens = Callable[[list[dict[str, str]]], int]
 
@@ -159,6 +161,8 @@ def _as_object(raw: Any) -> dict:
         except json.JSONDecodeError as exc:
             detail = f"invalid JSON: {exc.msg} (column {exc.colno})"
             raise _Bad("bad-json", None, detail) from None
+        except RecursionError:
+            raise _Bad("bad-json", None, "invalid JSON: nested too deeply to parse") from None
     if not isinstance(raw, dict):
         raise _Bad("not-an-object", None, f"expected a JSON object, got {type(raw).__name__}")
     return raw
@@ -206,7 +210,15 @@ def _text(value: Any, field: str, empty_reason: str) -> str:
         raise _Bad("wrong-type", field, f"expected a string, got {type(value).__name__}")
     if not value.strip():
         raise _Bad(empty_reason, field, "text is empty")
-    return value
+    return _unicode(value, field)
+
+
+def _unicode(text: str, field: str) -> str:
+    # JSON may escape half a surrogate pair ("\\ud800"): not text any tokenizer accepts.
+    if (lone := _SURROGATE.search(text)) is not None:
+        detail = f"lone surrogate {lone.group()!r} at character {lone.start() + 1}: not encodable as UTF-8"
+        raise _Bad("invalid-utf8", field, detail)
+    return text
 
 
 def _prompt_messages(row: dict, prompt_field: str) -> list[dict[str, str]]:
@@ -215,6 +227,8 @@ def _prompt_messages(row: dict, prompt_field: str) -> list[dict[str, str]]:
     # Tabular sources fill absent columns with null, so null or blank means "no system".
     if system is not None and not isinstance(system, str):
         raise _Bad("wrong-type", "system", f"expected a string, got {type(system).__name__}")
+    if system:
+        _unicode(system, "system")
     messages = [{"role": "system", "content": system}] if system and system.strip() else []
     return [*messages, {"role": "user", "content": user}]
 
