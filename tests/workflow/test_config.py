@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,27 @@ def test_bad_backend_enum(raw):
 def test_bad_dataset_name(raw):
     raw["datasets"]["bad name"] = {"path": "x.jsonl", "format": "prompt"}
     assert "datasets: invalid name 'bad name' (must match" in error_of(raw)
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "a/b", "-x", ""])
+def test_a_dataset_name_that_is_not_a_plain_word_is_refused(raw, name):
+    # "." and ".." would put artifacts, logs and benchmarks beside the stage directories.
+    raw["datasets"][name] = {"path": "x.jsonl", "format": "prompt"}
+    assert f"datasets: invalid name {name!r} (must match" in error_of(raw)
+
+
+@pytest.mark.parametrize("name", ["chat", "code_alpaca", "_x", "2024", "v1.2"])
+def test_plain_dataset_names_are_accepted_by_schema_and_workflow_alike(raw, name):
+    raw["datasets"][name] = {"path": "x.jsonl", "format": "prompt"}
+    assert name in cfg.validate(raw)["datasets"]
+    assert re.fullmatch(cfg.dataset_name_pattern(), name)
+    for bad in (".", "..", ".hidden", "a/b"):
+        assert not re.fullmatch(cfg.dataset_name_pattern(), bad)
+
+
+def test_the_workflow_takes_its_dataset_wildcard_from_the_schema():
+    common = (REPO / "rules" / "common.smk").read_text()
+    assert re.search(r"^\s*dataset=dataset_name_pattern\(\),$", common, re.MULTILINE)
 
 
 def test_every_error_is_reported(raw):
