@@ -1,9 +1,11 @@
 # Shared helpers for the rules: every artifact path comes from the artifact plan
 # (PLAN, src/draftsmith/store/plan.py); this file only adds what input functions need.
 
+from draftsmith.config import dataset_name_pattern
+
 
 wildcard_constraints:
-    dataset="[A-Za-z0-9_.]+",
+    dataset=dataset_name_pattern(),
     key="[0-9a-f]{16}",
     shard="shard-[0-9]{5}",
     segment="[0-9]{5}",

@@ -40,6 +40,12 @@ def load_schema() -> dict:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
+def dataset_name_pattern() -> str:
+    """The schema's pattern for dataset names, unanchored: the workflow's `dataset` wildcard."""
+    pattern = load_schema()["properties"]["datasets"]["propertyNames"]["pattern"]
+    return pattern.removeprefix("^").removesuffix("$")
+
+
 def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "<top level>"
 

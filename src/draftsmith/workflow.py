@@ -42,8 +42,31 @@ def configure(config: dict, source: str = "config") -> Plan:
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     plan = plan_for(config)
+    _check_shared_sources(config, plan, source)
     _check_shards(config, plan.merged_datasets, source)
     return plan
+
+
+# What decides a dataset's prompts: two datasets alike in these read the same prompts.
+PROMPT_PARAMS = ("source", "format", "prompt_field", "split")
+
+
+def _check_shared_sources(config: dict, plan: Plan, source: str) -> None:
+    """Refuse datasets that read the same prompts (by the plan's source hashes, so a copy or
+    a link counts) unless each says it is meant: they would be generated and merged twice."""
+    readers: dict[tuple, list[str]] = {}
+    for name in plan.generated_datasets:
+        params = plan.responses[name].params
+        readers.setdefault(tuple(params[k] for k in PROMPT_PARAMS), []).append(name)
+    for names in readers.values():
+        if len(names) > 1 and not all(config["datasets"][n]["shared_source"] for n in names):
+            paths = ", ".join(dict.fromkeys(config["datasets"][n]["path"] for n in names))
+            raise ConfigError(
+                f"{source}: datasets {', '.join(names)} read the same content ({paths}): each "
+                "would be generated and merged, training on the same prompts twice; remove all "
+                "but one, or set shared_source: true on each of them if that is meant (e.g. "
+                "other generation settings)"
+            )
 
 
 def _check_shards(config: dict, merged: list[str], source: str) -> None:

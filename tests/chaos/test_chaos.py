@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import (
+    FACTS,
     built_by,
     changed,
     finished_files,
@@ -32,8 +34,12 @@ from conftest import (
     planned_jobs,
     snakemake,
     snakemake_cmd,
+    workflow_config,
+    write_rows,
 )
 from fault_proxy import FaultProxy, last_user_message
+
+from draftsmith.runtime.process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
@@ -277,6 +283,58 @@ def test_bad_inputs_fail_before_any_work_with_a_clear_error(case, tmp_path, demo
     tally.add("bad inputs tried")
     tally.add("clear errors", int(clear))
     assert clear and no_work, result.stderr[-2000:]
+
+
+# --- the API key in failing runs ---------------------------------------------------------
+def produced_text(work: Path, *outputs: str) -> bytes:
+    """Every file under `work` (store, job logs, .snakemake/log, benchmarks), and `outputs`."""
+    files = (p.read_bytes() for p in work.rglob("*") if p.is_file() and not p.is_symlink())
+    return b"\n".join([*files, *(o.encode() for o in outputs)])
+
+
+def test_the_api_key_never_reaches_a_file_or_log(tmp_path, demo_model_dir, tally):
+    """Runs that fail each way a key can be printed: a key with a carriage return (copied
+    from a CRLF file), a server that refuses the request and one that keeps failing (both
+    echoing the Authorization header back), a dead server. Afterwards no file, log or
+    terminal output holds any key's body, escaped or not."""
+    work = tmp_path / "work"
+    work.mkdir()
+    config = workflow_config(work, demo_model_dir, {"facts": write_rows(work / "facts.jsonl", FACTS)})
+    config["generation"]["backend"] = "openai"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    cases = {  # name: (key suffix, proxy script, base_url or None for the proxy, expected in the log)
+        "key ending in \\r": ("\r", None, None, "holds a carriage return"),
+        "server refuses": ("", "400", None, "rejected the request"),
+        "server keeps failing": ("", "500", None, "gave up after 1 retries"),
+        "dead server": ("", None, dead, "connection error"),
+    }
+    bodies, outputs = [], []
+    for name, (suffix, fault, url, expected) in cases.items():
+        body = "sk-chaos-" + secrets.token_hex(16)
+        bodies.append(body)
+        with FaultProxy(echo_auth=True) as proxy:
+            if fault:
+                proxy.script("*", fault, fault)
+            config["generation"]["openai"] = {
+                "base_url": url or proxy.url,
+                "api_key_env": "DRAFTSMITH_CHAOS_KEY",
+                "max_retries": 1,
+                "backoff_s": 0.01,
+                "timeout_s": 5,
+            }
+            env = {**os.environ, "DRAFTSMITH_CHAOS_KEY": body + suffix}
+            result = run(work, write(config, work / "config.yaml"), "merged", check=False, env=env)
+        outputs += [result.stdout, result.stderr]
+        logs = b"".join(p.read_bytes() for p in (work / "logs").rglob("*.log")).decode()
+        failed = result.returncode != 0 and expected in logs
+        unsent = not suffix or proxy.total == 0  # a bad key is refused before any request
+        tally.case("API key in a failing run", failed and unsent)
+        assert failed and unsent, (name, result.stderr[-3000:])
+    assert b"[REDACTED]" in produced_text(work)  # the echoed keys were there, redacted
+    everything = produced_text(work, *outputs)
+    leaks = [body for body in bodies if body.encode() in everything or body[9:].encode() in everything]
+    tally.add("API keys found in files or logs", len(leaks))
+    assert not leaks
 
 
 # --- shared stores --------------------------------------------------------------------------

@@ -152,7 +152,7 @@ def test_each_bad_row_kind_is_reported_with_line_and_field(tmp_path):
         (6, "prompt", "empty-prompt"),
         (7, "prompt", "missing-field"),
         (8, "prompt", "wrong-type"),
-        (9, None, "over-long"),
+        (9, "prompt", "over-long"),
     ]
     assert [(b.line, b.field, b.reason) for b in loaded.bad_rows] == expected
     assert [b.index for b in loaded.bad_rows] == [1, 2, 3, 4, 5, 6, 7]
@@ -287,6 +287,115 @@ def test_bad_rows_are_logged_with_path_and_line(tmp_path, caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [f"p: {path}:2: prompt: text is empty (empty-prompt)"]
     assert any("1 prompts" in r.getMessage() for r in caplog.records if r.levelname == "INFO")
+
+
+def test_a_prompt_too_long_in_characters_is_refused_without_tokenizing(tmp_path):
+    # 10 tokens of at most 3 characters, with the 2x margin: 60 characters at most.
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x" * 60}, {"prompt": "y" * 61}])
+    turns = [
+        {"from": "human", "value": "z" * 30},
+        {"from": "gpt", "value": "a"},
+        {"from": "human", "value": "z" * 30},
+    ]
+    conversations = write_jsonl(
+        tmp_path / "c.jsonl", [{"conversations": OK_CONVERSATION}, {"conversations": turns}]
+    )
+    seen: list[int] = []
+
+    def count(messages):
+        seen.append(sum(len(m["content"]) for m in messages))
+        return 1
+
+    bounds = {"count_tokens": count, "max_token_chars": 3}
+    loaded = load_prompts("p", entry(path, max_prompt_tokens=10), **bounds)
+    assert seen == [60]
+    bad = only_bad(loaded)
+    assert (bad.line, bad.field, bad.reason) == (2, "prompt", "over-long")
+    assert "61 characters" in bad.detail and "max_prompt_tokens 10" in bad.detail
+    bad = only_bad(load_prompts("c", entry(conversations, "sharegpt", max_prompt_tokens=10), **bounds))
+    assert (bad.line, bad.field, bad.reason) == (2, "conversations", "over-long")
+    assert seen == [60, 4]
+
+
+def test_an_over_long_line_is_refused_while_reading_it(tmp_path, monkeypatch):
+    import draftsmith.formats.datasets as ds
+
+    monkeypatch.setattr(ds, "MIN_LINE_BYTES", 1000, raising=False)
+    rows = [{"prompt": "a"}, {"prompt": "b" * 5000}, {"prompt": "c"}, {"prompt": "d" * 900}]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    loaded = load_prompts("p", entry(path))
+    bad = only_bad(loaded)
+    assert (bad.line, bad.field, bad.reason) == (2, None, "over-long")
+    assert "5014 bytes" in bad.detail and "1000-byte bound" in bad.detail
+    assert [p.line for p in loaded.prompts] == [1, 3, 4]
+
+
+def test_a_huge_prompt_is_refused_before_the_real_tokenizer_sees_it(tmp_path, demo_model_dir):
+    from draftsmith.target.load import load_tokenizer, longest_token_chars
+
+    tokenizer = load_tokenizer(demo_model_dir)
+    longest = longest_token_chars(tokenizer)
+    assert longest == max(len(tokenizer.decode([i])) for i in range(len(tokenizer)))
+    huge = "word " * 1_000_000  # 5 MB: 1M tokens, 1.6 s and 0.6 GB to tokenize whole
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "fine"}, {"prompt": huge}])
+    seen: list[int] = []
+    count = demo_count_tokens(demo_model_dir)
+
+    def counting(messages):
+        seen.append(len(messages[-1]["content"]))
+        return count(messages)
+
+    loaded = load_prompts("p", entry(path), count_tokens=counting, max_token_chars=longest)
+    assert seen == [4]
+    bad = only_bad(loaded)
+    assert (bad.line, bad.field, bad.reason) == (2, "prompt", "over-long")
+    assert f"{len(huge)} characters" in bad.detail
+
+
+# --- hostile rows ----------------------------------------------------------------------
+
+
+def demo_count_tokens(model_dir: Path):
+    """The prompt's length as the responses stage counts it, with the real demo tokenizer."""
+    from draftsmith.target.load import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    return lambda messages: len(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+
+
+def test_a_row_nested_too_deep_is_a_bad_row(tmp_path):
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = write_jsonl(tmp_path / "deep.jsonl", [{"prompt": "fine"}, deep, {"prompt": "also fine"}])
+    loaded = load_prompts("d", entry(path))
+    bad = only_bad(loaded)
+    assert (bad.line, bad.field, bad.reason) == (2, None, "bad-json")
+    assert "nested" in bad.detail
+    assert [p.line for p in loaded.prompts] == [1, 3]
+    with pytest.raises(DatasetError, match=rf"{re.escape(str(path))}:2: .*nested"):
+        load_prompts("d", entry(path, max_bad_fraction=0.0))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "row", "field"),
+    [
+        ("prompt", b'{"prompt": "hi \\ud800 there"}', "prompt"),
+        ("prompt", b'{"prompt": "hi", "system": "be \\udfff brief"}', "system"),
+        ("sharegpt", b'{"conversations": [{"from": "human", "value": "\\udc00"}]}', "conversations[0].value"),
+    ],
+)
+def test_a_lone_surrogate_is_a_bad_row_before_tokenizing(tmp_path, demo_model_dir, fmt, row, field):
+    good = {"prompt": "fine"} if fmt == "prompt" else {"conversations": OK_CONVERSATION}
+    path = write_jsonl(tmp_path / "s.jsonl", [good, row])
+    count = demo_count_tokens(demo_model_dir)
+    loaded = load_prompts("s", entry(path, fmt), count_tokens=count)
+    bad = only_bad(loaded)
+    assert (bad.line, bad.field, bad.reason) == (2, field, "invalid-utf8")
+    assert "surrogate" in bad.detail
+    assert len(loaded.prompts) == 1
+    with pytest.raises(DatasetError, match=rf"{re.escape(str(path))}:2: {re.escape(field)}: .*surrogate"):
+        load_prompts("s", entry(path, fmt, max_bad_fraction=0.0), count_tokens=count)
 
 
 # --- caps and sources ------------------------------------------------------------------

@@ -7,9 +7,11 @@ import copy
 import email.utils
 import json
 import logging
+import re
 import secrets
 import time
 import traceback
+import urllib.parse
 
 import pytest
 from fault_proxy import FaultProxy
@@ -201,6 +203,55 @@ def test_redact():
     assert redact("a sk-1 b sk-1", "sk-1") == "a [REDACTED] b [REDACTED]"
     assert redact("b'Bearer sk-1'", "sk-1") == "b'Bearer [REDACTED]'"
     assert redact("text", None) == "text"
+
+
+def test_redact_catches_escaped_and_partial_forms():
+    body = "sk-" + secrets.token_hex(8) + "/+=" + secrets.token_hex(8)
+    key = body + "\r"
+    forms = {
+        "as is": key,
+        "repr": repr(key),
+        "bytes repr": repr(f"Bearer {key}".encode()),
+        "JSON": json.dumps({"auth": key}),
+        "URL-encoded": urllib.parse.quote(key, safe=""),
+        "form-encoded": urllib.parse.quote_plus(key),
+        "body alone": f"key {body} here",
+    }
+    for name, text in forms.items():
+        redacted = redact(text, key)
+        assert "[REDACTED]" in redacted, name
+        assert not [part for part in secrets_of(body) if part in redacted], (name, redacted)
+
+
+def secrets_of(body: str) -> set[str]:
+    """The key's runs of token characters, as a server's error text might split them."""
+    return {part for part in re.split(r"[/+=]", body) if len(part) >= 8}
+
+
+@pytest.mark.parametrize(
+    ("suffix", "described"),
+    [
+        ("\r", "a carriage return"),
+        ("\n", "a line feed"),
+        (" ", "a space"),
+        ("\t", "a tab"),
+        ("\x1b", "a control character (U+001B)"),
+        ("\u00e9", "a non-ASCII character"),
+    ],
+)
+def test_key_with_whitespace_or_control_characters_is_refused_unseen(monkeypatch, suffix, described):
+    body = "sk-test-" + secrets.token_hex(16)
+    monkeypatch.setenv("DS_TEST_API_KEY", body + suffix)
+    texts: list[str] = []
+    with FaultProxy() as proxy, pytest.raises(GenerationError) as caught:
+        cfg = openai_cfg(proxy.url, api_key_env="DS_TEST_API_KEY", max_retries=1)
+        backend = OpenAIBackend("ds", cfg, GENERATION, "m")
+        backend.generate(prompts("hi"), lambda record: None, Usage())
+    err = caught.value
+    texts += [str(err), repr(err), "".join(traceback.format_exception(err))]
+    assert proxy.total == 0  # refused before any request
+    assert "DS_TEST_API_KEY" in str(err) and described in str(err)
+    assert not [t for t in texts if body in t or body[8:] in t]
 
 
 def test_key_never_leaks(caplog, monkeypatch):

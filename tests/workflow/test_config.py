@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import stand_in_config, write_rows
 
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
+from draftsmith.workflow import configure
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "config.yaml"
@@ -178,6 +181,27 @@ def test_bad_backend_enum(raw):
 def test_bad_dataset_name(raw):
     raw["datasets"]["bad name"] = {"path": "x.jsonl", "format": "prompt"}
     assert "datasets: invalid name 'bad name' (must match" in error_of(raw)
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "a/b", "-x", ""])
+def test_a_dataset_name_that_is_not_a_plain_word_is_refused(raw, name):
+    # "." and ".." would put artifacts, logs and benchmarks beside the stage directories.
+    raw["datasets"][name] = {"path": "x.jsonl", "format": "prompt"}
+    assert f"datasets: invalid name {name!r} (must match" in error_of(raw)
+
+
+@pytest.mark.parametrize("name", ["chat", "code_alpaca", "_x", "2024", "v1.2"])
+def test_plain_dataset_names_are_accepted_by_schema_and_workflow_alike(raw, name):
+    raw["datasets"][name] = {"path": "x.jsonl", "format": "prompt"}
+    assert name in cfg.validate(raw)["datasets"]
+    assert re.fullmatch(cfg.dataset_name_pattern(), name)
+    for bad in (".", "..", ".hidden", "a/b"):
+        assert not re.fullmatch(cfg.dataset_name_pattern(), bad)
+
+
+def test_the_workflow_takes_its_dataset_wildcard_from_the_schema():
+    common = (REPO / "rules" / "common.smk").read_text()
+    assert re.search(r"^\s*dataset=dataset_name_pattern\(\),$", common, re.MULTILINE)
 
 
 def test_every_error_is_reported(raw):
@@ -371,3 +395,57 @@ def test_evaluate_length_buckets_must_ascend_and_are_refused_with_their_key_path
     assert "evaluate.long_context_drop" in error_of(raw)
     raw["evaluate"]["long_context_drop"] = 0.5
     configure(raw)
+
+
+# --- two datasets reading the same source ----------------------------------------------
+
+
+def configure_error(config: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        configure(config)
+    return str(info.value)
+
+
+def test_two_datasets_reading_the_same_file_are_refused(tmp_path):
+    config = stand_in_config(tmp_path)
+    config["datasets"]["chat_again"] = dict(config["datasets"]["chat"])
+    message = configure_error(config)
+    assert "datasets chat, chat_again read the same content" in message
+    assert str(tmp_path / "chat.jsonl") in message and "shared_source: true" in message
+
+
+def test_two_datasets_reading_the_same_content_are_refused(tmp_path):
+    config = stand_in_config(tmp_path)
+    copy_path = tmp_path / "copy.jsonl"
+    copy_path.write_bytes((tmp_path / "code.jsonl").read_bytes())
+    config["datasets"]["copied"] = {"path": str(copy_path), "format": "prompt"}
+    message = configure_error(config)
+    assert "datasets code, copied read the same content" in message
+    assert str(copy_path) in message and str(tmp_path / "code.jsonl") in message
+
+
+def test_a_shared_source_is_accepted_when_each_dataset_says_it_is_meant(tmp_path):
+    config = stand_in_config(tmp_path)
+    config["datasets"]["warm"] = {**config["datasets"]["chat"], "generation": {"temperature": 0.7}}
+    config["datasets"]["warm"]["shared_source"] = True
+    assert "shared_source: true" in configure_error(copy.deepcopy(config))  # chat does not say so
+    config["datasets"]["chat"]["shared_source"] = True
+    plan = configure(config)
+    assert {"chat", "warm"} <= set(plan.responses)
+    assert plan.responses["chat"].key != plan.responses["warm"].key
+
+
+def test_a_disabled_duplicate_is_not_a_shared_source(tmp_path):
+    config = stand_in_config(tmp_path)
+    config["datasets"]["old"] = {**config["datasets"]["chat"], "enabled": False}
+    assert "old" not in configure(config).responses
+
+
+def test_the_same_file_read_for_other_prompts_is_not_a_shared_source(tmp_path):
+    config = stand_in_config(tmp_path)
+    both = write_rows(tmp_path / "both.jsonl", ["a question"])
+    config["datasets"] = {
+        "asked": {"path": str(both), "format": "prompt"},
+        "other": {"path": str(both), "format": "prompt", "prompt_field": "question"},
+    }
+    assert set(configure(config).responses) == {"asked", "other"}

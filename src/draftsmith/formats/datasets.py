@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from draftsmith.errors import DatasetError
 
@@ -27,6 +28,16 @@ ERROR_EXAMPLES = 5
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_BATCH_ROWS = 1024
 UTF8_BOM = b"\xef\xbb\xbf"
+# Memory bounds for any input, checked before parsing or tokenizing (a 50 MB line took
+# 6.4 GB to tokenize). A JSONL line is read no further than the larger of MIN_LINE_BYTES
+# and the longest prompt allowed written as JSON (12 bytes: a character outside the BMP
+# escaped as two \uXXXX); a prompt over max_prompt_tokens x the longest token's characters
+# (x2: a normalizer may shrink text, e.g. compose accents) cannot fit and is not tokenized.
+MIN_LINE_BYTES = 16 << 20
+JSON_BYTES_PER_CHAR = 12
+NORMALIZER_MARGIN = 2
+READ_CHUNK_BYTES = 1 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 CountTokens = Callable[[list[dict[str, str]]], int]
 
@@ -77,14 +88,22 @@ class _Source:
     total: int | None  # row count when known without reading the rows
 
 
-def _open_source(name: str, path: Path, split: str | None) -> _Source:
+@dataclass
+class _LongLine:
+    """A JSONL line longer than the line bound, read past without being kept."""
+
+    size: int
+    limit: int
+
+
+def _open_source(name: str, path: Path, split: str | None, max_line_bytes: int) -> _Source:
     if not path.exists():
         raise DatasetError(f"dataset {name!r}: {path} does not exist")
     if path.is_dir():
         return _hf_source(name, path, split)
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        return _Source(_jsonl_rows(path), None)
+        return _Source(_jsonl_rows(path, max_line_bytes), None)
     if suffix == ".parquet":
         return _parquet_source(name, path)
     raise DatasetError(
@@ -93,14 +112,27 @@ def _open_source(name: str, path: Path, split: str | None) -> _Source:
     )
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
+def _jsonl_rows(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | _LongLine]]:
     # Bytes, not text: a line of invalid UTF-8 must be a bad row, not a crash.
     with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), start=1):
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                yield number, _LongLine(len(raw) + _skip_line(f), max_line_bytes)
+                continue
             if number == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[len(UTF8_BOM) :]
             if raw.strip():
                 yield number, raw.rstrip(b"\r\n")
+
+
+def _skip_line(f: BinaryIO) -> int:
+    """Read to the end of the current line in bounded chunks; the bytes before its end."""
+    skipped = 0
+    while chunk := f.readline(READ_CHUNK_BYTES):
+        if chunk.endswith(b"\n"):
+            return skipped + len(chunk.rstrip(b"\r\n"))
+        skipped += len(chunk)
+    return skipped
 
 
 def _parquet_source(name: str, path: Path) -> _Source:
@@ -149,6 +181,9 @@ def _pick_split(name: str, path: Path, splits: Any, split: str | None) -> Any:
 
 
 def _as_object(raw: Any) -> dict:
+    if isinstance(raw, _LongLine):
+        detail = f"line has {raw.size} bytes, over the {raw.limit}-byte bound on a row (not parsed)"
+        raise _Bad("over-long", None, detail)
     if isinstance(raw, bytes):
         try:
             text = raw.decode("utf-8")
@@ -159,6 +194,8 @@ def _as_object(raw: Any) -> dict:
         except json.JSONDecodeError as exc:
             detail = f"invalid JSON: {exc.msg} (column {exc.colno})"
             raise _Bad("bad-json", None, detail) from None
+        except RecursionError:
+            raise _Bad("bad-json", None, "invalid JSON: nested too deeply to parse") from None
     if not isinstance(raw, dict):
         raise _Bad("not-an-object", None, f"expected a JSON object, got {type(raw).__name__}")
     return raw
@@ -206,7 +243,15 @@ def _text(value: Any, field: str, empty_reason: str) -> str:
         raise _Bad("wrong-type", field, f"expected a string, got {type(value).__name__}")
     if not value.strip():
         raise _Bad(empty_reason, field, "text is empty")
-    return value
+    return _unicode(value, field)
+
+
+def _unicode(text: str, field: str) -> str:
+    # JSON may escape half a surrogate pair ("\\ud800"): not text any tokenizer accepts.
+    if (lone := _SURROGATE.search(text)) is not None:
+        detail = f"lone surrogate {lone.group()!r} at character {lone.start() + 1}: not encodable as UTF-8"
+        raise _Bad("invalid-utf8", field, detail)
+    return text
 
 
 def _prompt_messages(row: dict, prompt_field: str) -> list[dict[str, str]]:
@@ -215,6 +260,8 @@ def _prompt_messages(row: dict, prompt_field: str) -> list[dict[str, str]]:
     # Tabular sources fill absent columns with null, so null or blank means "no system".
     if system is not None and not isinstance(system, str):
         raise _Bad("wrong-type", "system", f"expected a string, got {type(system).__name__}")
+    if system:
+        _unicode(system, "system")
     messages = [{"role": "system", "content": system}] if system and system.strip() else []
     return [*messages, {"role": "user", "content": user}]
 
@@ -315,20 +362,64 @@ def _check_bad_share(name: str, path: Path, bad: list[BadRow], inspected: int, l
     )
 
 
-def load_prompts(name: str, entry: dict, count_tokens: CountTokens | None = None) -> LoadedDataset:
+@dataclass(frozen=True)
+class _Length:
+    """How a prompt's length is judged: tokens, and characters before any tokenizing."""
+
+    count_tokens: CountTokens | None
+    max_tokens: int
+    max_chars: int | None
+    field: str  # the row field that holds the prompt
+
+    def check(self, messages: list[dict[str, str]]) -> None:
+        if self.count_tokens is None:
+            return
+        chars = sum(len(m["content"]) for m in messages)
+        if self.max_chars is not None and chars > self.max_chars:
+            raise _Bad(
+                "over-long",
+                self.field,
+                f"prompt has {chars} characters, over the {self.max_chars} that max_prompt_tokens "
+                f"{self.max_tokens} allows (not tokenized)",
+            )
+        count = self.count_tokens(messages)
+        if count > self.max_tokens:
+            detail = f"prompt has {count} tokens, over max_prompt_tokens {self.max_tokens}"
+            raise _Bad("over-long", self.field, detail)
+
+
+def _length(entry: dict, count_tokens: CountTokens | None, max_token_chars: int | None) -> _Length:
+    limit = entry.get("max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS)
+    counted = count_tokens is not None and max_token_chars is not None
+    max_chars = limit * max_token_chars * NORMALIZER_MARGIN if counted else None
+    fmt = entry["format"]
+    field = (entry.get("prompt_field") or "prompt") if fmt == "prompt" else _LAYOUTS[fmt].turns
+    return _Length(count_tokens, limit, max_chars, field)
+
+
+def load_prompts(
+    name: str,
+    entry: dict,
+    count_tokens: CountTokens | None = None,
+    max_token_chars: int | None = None,
+) -> LoadedDataset:
     """Read and validate the dataset `name` described by the resolved config `entry`.
 
     Rows are validated in source order until `max_samples` valid prompts are
     collected; the rows after that are counted but not inspected at all, and
     `skipped_over_cap` is that count. `count_tokens`, when given, is called only
     on otherwise-valid rows before the cap; a prompt over `max_prompt_tokens`
-    is a bad row ("over-long"). The bad-row share is taken over inspected rows.
+    is a bad row ("over-long"). With `max_token_chars` (the tokenizer's longest
+    token, `target.load.longest_token_chars`), a prompt too long in characters
+    to fit is refused without tokenizing, and no JSONL line is read past what
+    such a prompt could take. The bad-row share is taken over inspected rows.
     """
     path = Path(entry["path"])
     extract = _extractor(name, entry)
-    source = _open_source(name, path, entry.get("split"))
+    length = _length(entry, count_tokens, max_token_chars)
+    max_line_bytes = max(MIN_LINE_BYTES, JSON_BYTES_PER_CHAR * (length.max_chars or 0))
+    source = _open_source(name, path, entry.get("split"), max_line_bytes)
     system_prompt = (entry.get("generation") or {}).get("system_prompt")
-    token_limit = entry.get("max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS)
     cap = entry.get("max_samples")
     prompts: list[Prompt] = []
     bad: list[BadRow] = []
@@ -338,7 +429,7 @@ def load_prompts(name: str, entry: dict, count_tokens: CountTokens | None = None
         inspected += 1
         try:
             messages = _with_system(extract(_as_object(raw)), system_prompt)
-            _check_length(messages, count_tokens, token_limit)
+            length.check(messages)
         except _Bad as exc:
             bad.append(BadRow(index, line, exc.field, exc.reason, exc.detail))
             log.warning("%s: %s", name, _describe(path, bad[-1]))
@@ -348,14 +439,6 @@ def load_prompts(name: str, entry: dict, count_tokens: CountTokens | None = None
             break
     skipped = _count_rest(source, inspected)
     return _finish(name, entry, path, prompts, bad, inspected, skipped)
-
-
-def _check_length(messages: list[dict[str, str]], count_tokens: CountTokens | None, limit: int) -> None:
-    if count_tokens is None:
-        return
-    count = count_tokens(messages)
-    if count > limit:
-        raise _Bad("over-long", None, f"prompt has {count} tokens, over max_prompt_tokens {limit}")
 
 
 def _count_rest(source: _Source, inspected: int) -> int:

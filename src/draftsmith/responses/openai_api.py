@@ -8,18 +8,23 @@ that fails for good stops the run at once: requests still in flight are
 abandoned, and their prompts are sent again by the next run.
 
 The API key is read from the environment only and never reaches a log line,
-an exception message or a record: messages built from server text are
-redacted, and httpx/httpcore log records are filtered while a run is active.
+an exception message or a record: a key that is not one word of visible ASCII
+(a key copied from a CRLF file ends in a carriage return) is refused before any
+request, messages built from server or client text are redacted (escaped forms
+included), and httpx/httpcore log records are filtered while a run is active.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import os
 import random
+import re
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REDACTED = "[REDACTED]"
+# Runs of a key between escaped characters at least this long are redacted on their own.
+MIN_SECRET_PART = 8
+_NOT_VISIBLE = re.compile(r"[^!-~]+")
 ERROR_EXCERPT_CHARS = 300
 # 408/409 are "try again" in practice; other 4xx mean the request itself is wrong.
 RETRYABLE_4XX = frozenset({408, 409, 429})
@@ -56,12 +64,57 @@ TOKEN_ID_FIELDS = {"return_token_ids": True, "return_prompt_token_ids": True}
 
 
 def redact(text: str, secret: str | None) -> str:
-    """`text` with every occurrence of `secret` replaced.
+    """`text` with `secret` replaced in every form a message may print it.
 
-    API keys are plain ASCII tokens, so an echo inside JSON or a bytes repr
-    still contains them verbatim.
+    Forms: as is, escaped (str and bytes repr, JSON, URL and form encoding), and
+    each long run of visible ASCII between characters that those forms escape:
+    `b'Bearer sk-...\\r'` keeps the key's body verbatim, only its end escaped.
     """
-    return text.replace(secret, REDACTED) if secret else text
+    if not secret:
+        return text
+    for form in _secret_forms(secret):
+        text = text.replace(form, REDACTED)
+    return text
+
+
+def _secret_forms(secret: str) -> list[str]:
+    parts = {secret, *(p for p in _NOT_VISIBLE.split(secret) if len(p) >= MIN_SECRET_PART)}
+    forms = set()
+    for part in parts:
+        forms |= {
+            part,
+            repr(part)[1:-1],
+            repr(part.encode("utf-8", "surrogatepass"))[2:-1],
+            json.dumps(part)[1:-1],
+            urllib.parse.quote(part, safe=""),
+            urllib.parse.quote_plus(part),
+        }
+    # Longest first: a whole form goes before a part of it is cut out of it.
+    return sorted(forms - {""}, key=len, reverse=True)
+
+
+def check_key(key: str, variable: str) -> None:
+    """Refuse a key that is not one word of visible ASCII, before any request: HTTP
+    rejects it in a header (and prints the header, key included). The message names the
+    variable and the character at fault, never the key."""
+    for position, char in enumerate(key, start=1):
+        if not _NOT_VISIBLE.fullmatch(char):
+            continue
+        raise GenerationError(
+            f"the API key in the environment variable {variable} (generation.openai.api_key_env) "
+            f"holds {_character(char)} at character {position} of {len(key)}: an API key is one "
+            "word of visible ASCII characters (a key copied from a file with Windows line ends "
+            "ends in a carriage return); set the variable to the key alone"
+        )
+
+
+def _character(char: str) -> str:
+    named = {"\r": "a carriage return", "\n": "a line feed", "\t": "a tab", " ": "a space"}
+    if char in named:
+        return named[char]
+    if char.isascii():
+        return f"a control character (U+{ord(char):04X})"
+    return "whitespace" if char.isspace() else "a non-ASCII character"
 
 
 class _RedactFilter(logging.Filter):
@@ -71,8 +124,9 @@ class _RedactFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if self.secret in message:
-            record.msg, record.args = redact(message, self.secret), None
+        redacted = redact(message, self.secret)
+        if redacted != message:
+            record.msg, record.args = redacted, None
         return True
 
 
@@ -175,6 +229,7 @@ class OpenAIBackend:
                 f"generation.openai.api_key_env names the environment variable {name}, "
                 "which is not set (or empty)"
             )
+        check_key(key, name)
         return key
 
     # ----- driver -----

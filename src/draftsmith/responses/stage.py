@@ -25,7 +25,7 @@ from draftsmith.runtime.resources import responses_gpus
 from draftsmith.store import atomic, manifest
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import JOURNAL, Artifact, plan_for
-from draftsmith.target.load import load_tokenizer, model_info
+from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _responses(
             )
         )
 
-    loaded = load_prompts(dataset, entry, count_tokens)
+    loaded = load_prompts(dataset, entry, count_tokens, longest_token_chars(tokenizer))
     # The server writes beside the rule log (the rule log is this job's own).
     server_log = Path(log_file or outputs["responses"]).with_suffix(".server.log")
     return run(

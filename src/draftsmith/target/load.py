@@ -21,6 +21,13 @@ def load_tokenizer(hf_dir: str | Path, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
 
 
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token stands for (the longest vocabulary entry, added tokens
+    included): a text of n characters has at least n / this many tokens. Byte-level entries
+    spell each byte as one character, so they bound the decoded text from above."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
 def load_model(hf_dir: str | Path, dtype: str, device: str = "cpu", trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
