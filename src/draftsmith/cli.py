@@ -19,7 +19,7 @@ from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
 from draftsmith.formats.markdown import human_size
 from draftsmith.store import atomic, gc, migrate, verify
-from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan
+from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan, forget_source_hashes
 from draftsmith.workflow import configure
 
 DEFAULT_CONFIG = Path("config.yaml")
@@ -57,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
         help="store root; without --configfile only what the store holds is checked",
     )
     check.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts")
+    check.add_argument(
+        "--rehash-sources",
+        action="store_true",
+        help="hash every source file again (the hash cache trusts size, mtime and inode)",
+    )
 
     unplanned = "list artifact directories that no given config plans (each config planned on its own)"
     collect = _command(commands, "gc", _gc, unplanned, configs)
@@ -170,6 +175,8 @@ def _verify(args: argparse.Namespace) -> int:
     config, source = _merged(_paths(args))
     if args.root is not None:
         config["artifacts_dir"] = str(args.root)
+    if args.rehash_sources:
+        forget_source_hashes(Path(config["artifacts_dir"]))
     plan = configure(config, source)
     return verify.run(plan.root, plan, args.fix, [str(p) for p in args.configfile or []])
 

@@ -39,6 +39,11 @@ class DatasetError(DataError):
     pass
 
 
+class InputChangedError(DraftsmithError):
+    """An input's content is not what the job's output key was computed from: the input
+    changed after the job was planned (or while it read it). Nothing is written."""
+
+
 class TokenizeError(DataError):
     pass
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import (
+    COLOURS,
     FACTS,
     built_by,
     changed,
@@ -401,6 +402,44 @@ def test_gc_of_another_config_during_a_run_deletes_none_of_its_work(reference, t
     tally.add("gc skips: a job held the directory", sum("in use" in line for line in skipped))
     tally.add("gc skips: written within the grace period", sum("grace" in line for line in skipped))
     assert passed, (finished, skipped, verified, kept, log[-3000:])
+
+
+def test_a_dataset_edited_after_planning_is_refused_and_nothing_is_written(tmp_path, demo_model_dir, tally):
+    """The dataset is replaced while the model job runs, after Snakemake keyed its responses
+    by the old content: the responses job refuses (naming the change), nothing lands under
+    the old key or the new one, and with the old content back the run builds it exactly."""
+    from draftsmith import config as cfg
+    from draftsmith.store import atomic
+    from draftsmith.store.plan import plan_for
+
+    work = tmp_path / "work"
+    work.mkdir()
+    data = write_rows(tmp_path / "d.jsonl", FACTS)
+    config = workflow_config(tmp_path, demo_model_dir, {"d": data})
+    path = write(config, tmp_path / "c.yaml")
+    old = plan_for(cfg.validate(yaml.safe_load(path.read_text()))).responses["d"]
+    running = subprocess.Popen(
+        snakemake_cmd(work, path, "merged"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    for line in running.stdout:
+        lines.append(line)
+        if re.match(r"(local)?rule model:", line):
+            write_rows(data, COLOURS)  # the DAG is built: responses are keyed by FACTS
+            break
+    lines.append(running.communicate(timeout=600)[0])
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.log"))
+    new = plan_for(cfg.validate(yaml.safe_load(path.read_text()))).responses["d"]
+    written = [
+        p for key in (old, new) if key.directory.exists() for p in key.directory.rglob("*") if p.is_file()
+    ]
+    refused = running.returncode != 0 and "changed after this job was planned" in "".join(lines) + logs
+    write_rows(data, FACTS)
+    run(work, path, "merged")
+    rebuilt = [r["messages"][-1]["content"] for r in atomic.read_jsonl(old.path("responses"))]
+    passed = refused and not written and rebuilt == FACTS
+    tally.case("dataset edited after planning", passed)
+    assert passed, (refused, written, rebuilt, "".join(lines)[-3000:])
 
 
 def test_a_read_only_store_is_planned_and_verified(reference, tmp_path, tally):

@@ -505,3 +505,44 @@ def test_heldout_prompts_are_not_training_prompts():
     }
     overlap = [p.id for p in heldout.prompts if _normalised(p.messages[-1]["content"]) in training]
     assert overlap == []
+
+
+# --- the content read is the content the key was computed from -------------------------------
+def test_content_read_must_hash_to_the_planned_hash(tmp_path):
+    from draftsmith.errors import InputChangedError
+    from draftsmith.store.hashing import sha256_file
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "A"}\n')
+    planned = sha256_file(path)
+    assert load_prompts("d", entry(path), planned_sha256=planned).prompts[0].messages == [user("A")]
+    path.write_text('{"prompt": "B"}\n')  # edited after the key was computed
+    with pytest.raises(InputChangedError) as err:
+        load_prompts("d", entry(path), planned_sha256=planned)
+    message = str(err.value)
+    assert str(path) in message and planned in message and sha256_file(path) in message
+
+
+def test_rows_past_max_samples_are_hashed_too(tmp_path):
+    from draftsmith.errors import InputChangedError
+    from draftsmith.store.hashing import sha256_file
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "A"}\n{"prompt": "B"}\n')
+    planned = sha256_file(path)
+    assert len(load_prompts("d", entry(path, max_samples=1), planned_sha256=planned).prompts) == 1
+    path.write_text('{"prompt": "A"}\n{"prompt": "C"}\n')  # only a row past the cap changed
+    with pytest.raises(InputChangedError):
+        load_prompts("d", entry(path, max_samples=1), planned_sha256=planned)
+
+
+def test_a_parquet_source_is_hashed_after_reading(tmp_path):
+    from draftsmith.errors import InputChangedError
+    from draftsmith.store.hashing import source_sha256
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["A"]}), path)
+    planned = source_sha256(path)
+    assert load_prompts("d", entry(path), planned_sha256=planned).prompts
+    with pytest.raises(InputChangedError):
+        load_prompts("d", entry(path), planned_sha256="0" * 64)

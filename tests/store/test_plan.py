@@ -550,3 +550,25 @@ def test_manifest_params_are_the_keys_params(base, plan_of, tmp_path):
         "upstream": written["upstream"],
     }
     assert hashing.derive_key(payload) == written["key"] == artifact.key
+
+
+def test_a_job_whose_outputs_lie_under_a_key_no_longer_planned_is_refused(tmp_path):
+    """A dataset edited after Snakemake planned the job: the job re-plans, finds that its
+    declared outputs are under the old key, and refuses before writing anything."""
+    from conftest import stand_in_config
+
+    from draftsmith.errors import InputChangedError
+    from draftsmith.store.plan import check_planned, plan_for
+
+    config = cfg.validate(stand_in_config(tmp_path))
+    before = plan_for(config).responses["chat"]
+    check_planned(plan_for(config), list(before.outputs.values()))  # unchanged: fine
+    Path(config["datasets"]["chat"]["path"]).write_text('{"prompt": "another prompt"}\n')
+    after = plan_for(config)
+    with pytest.raises(InputChangedError) as err:
+        check_planned(after, list(before.outputs.values()))
+    message = str(err.value)
+    assert before.key in message and after.responses["chat"].key in message
+    assert after.responses["chat"].params["source"] in message
+    # Outputs outside the store (results/, logs) are not keyed and not checked.
+    check_planned(after, [str(tmp_path / "results" / "test" / "benchmark.md")])

@@ -131,3 +131,23 @@ def test_python_dash_m_runs_the_command():
     assert result.returncode == 0, result.stderr
     for command in ("plan", "verify", "gc", "migrate"):
         assert command in result.stdout
+
+
+def test_verify_rehash_sources_sees_an_edit_that_kept_size_mtime_and_inode(tmp_path, config, capsys):
+    """The hash cache trusts (size, mtime, inode); `verify --rehash-sources` hashes again."""
+    import os
+
+    path = write_config(tmp_path / "config.yaml", config)
+    before = {r["key"] for r in plan_json(capsys, path) if r["stage"] == "responses"}
+    source = Path(config["datasets"]["chat"]["path"])
+    stat = source.stat()
+    with source.open("r+b") as handle:  # same size, same inode
+        text = handle.read()
+        handle.seek(0)
+        handle.write(text.replace(b"chat", b"tahc"))
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert {r["key"] for r in plan_json(capsys, path) if r["stage"] == "responses"} == before
+    cli.main(["verify", "--configfile", str(path), "--rehash-sources"])
+    capsys.readouterr()
+    after = {r["key"] for r in plan_json(capsys, path) if r["stage"] == "responses"}
+    assert len(after - before) == 1  # chat's key follows its content now; code's is unchanged

@@ -453,7 +453,9 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
     tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
     system_prompt = config["generation"]["system_prompt"]
     sets = {
-        name: load_prompt_set(name, entry, tokenizer, system_prompt)
+        name: load_prompt_set(
+            name, entry, tokenizer, system_prompt, artifact.params["prompt_sets"][name]["source"]
+        )
         for name, entry in sorted(ev["prompt_sets"].items())
     }
     check_overlap(sets, training_prompts(inputs["merged"], inputs["responses"]))

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from draftsmith.errors import DatasetError
+from draftsmith.errors import DatasetError, InputChangedError
+from draftsmith.store.hashing import HashingReader, source_sha256
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,27 @@ class _Bad(Exception):
 class _Source:
     rows: Iterator[tuple[int | None, Any]]  # (1-based line or None, raw row)
     total: int | None  # row count when known without reading the rows
+    path: Path
+
+    def sha256(self) -> str:
+        """The content hash of what was read (a file or directory read by a library: hashed
+        again once it is read)."""
+        return source_sha256(self.path)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _JsonlSource(_Source):
+    reader: HashingReader | None = None
+    handle: BinaryIO | None = None
+
+    def sha256(self) -> str:
+        return self.reader.sha256()  # the bytes the rows were parsed from, read once
+
+    def close(self) -> None:
+        self.handle.close()
 
 
 @dataclass
@@ -103,7 +125,9 @@ def _open_source(name: str, path: Path, split: str | None, max_line_bytes: int) 
         return _hf_source(name, path, split)
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        return _Source(_jsonl_rows(path, max_line_bytes), None)
+        handle = path.open("rb")
+        reader = HashingReader(handle)
+        return _JsonlSource(_jsonl_rows(reader, max_line_bytes), None, path, reader, handle)
     if suffix == ".parquet":
         return _parquet_source(name, path)
     raise DatasetError(
@@ -112,20 +136,19 @@ def _open_source(name: str, path: Path, split: str | None, max_line_bytes: int) 
     )
 
 
-def _jsonl_rows(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | _LongLine]]:
+def _jsonl_rows(f: HashingReader, max_line_bytes: int) -> Iterator[tuple[int, bytes | _LongLine]]:
     # Bytes, not text: a line of invalid UTF-8 must be a bad row, not a crash.
-    with path.open("rb") as f:
-        for number, raw in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), start=1):
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                yield number, _LongLine(len(raw) + _skip_line(f), max_line_bytes)
-                continue
-            if number == 1 and raw.startswith(UTF8_BOM):
-                raw = raw[len(UTF8_BOM) :]
-            if raw.strip():
-                yield number, raw.rstrip(b"\r\n")
+    for number, raw in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), start=1):
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            yield number, _LongLine(len(raw) + _skip_line(f), max_line_bytes)
+            continue
+        if number == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM) :]
+        if raw.strip():
+            yield number, raw.rstrip(b"\r\n")
 
 
-def _skip_line(f: BinaryIO) -> int:
+def _skip_line(f: HashingReader) -> int:
     """Read to the end of the current line in bounded chunks; the bytes before its end."""
     skipped = 0
     while chunk := f.readline(READ_CHUNK_BYTES):
@@ -149,7 +172,7 @@ def _parquet_source(name: str, path: Path) -> _Source:
             for row in batch.to_pylist():
                 yield None, row
 
-    return _Source(rows(), file.metadata.num_rows)
+    return _Source(rows(), file.metadata.num_rows, path)
 
 
 def _hf_source(name: str, path: Path, split: str | None) -> _Source:
@@ -165,7 +188,7 @@ def _hf_source(name: str, path: Path, split: str | None) -> _Source:
         loaded = _pick_split(name, path, loaded, split)
     # A saved format (e.g. torch) would turn strings into tensors; read plain Python.
     table = loaded.with_format(None)
-    return _Source(((None, row) for row in table), len(table))
+    return _Source(((None, row) for row in table), len(table), path)
 
 
 def _pick_split(name: str, path: Path, splits: Any, split: str | None) -> Any:
@@ -402,6 +425,7 @@ def load_prompts(
     entry: dict,
     count_tokens: CountTokens | None = None,
     max_token_chars: int | None = None,
+    planned_sha256: str | None = None,
 ) -> LoadedDataset:
     """Read and validate the dataset `name` described by the resolved config `entry`.
 
@@ -413,12 +437,36 @@ def load_prompts(
     token, `target.load.longest_token_chars`), a prompt too long in characters
     to fit is refused without tokenizing, and no JSONL line is read past what
     such a prompt could take. The bad-row share is taken over inspected rows.
+    With `planned_sha256` (the source hash the job's output key was computed from), the
+    content read must hash to it, else `InputChangedError`: a job never writes one
+    content under another content's key.
     """
     path = Path(entry["path"])
     extract = _extractor(name, entry)
     length = _length(entry, count_tokens, max_token_chars)
     max_line_bytes = max(MIN_LINE_BYTES, JSON_BYTES_PER_CHAR * (length.max_chars or 0))
     source = _open_source(name, path, entry.get("split"), max_line_bytes)
+    try:
+        prompts, bad, inspected, skipped = _read_rows(name, path, source, extract, length, entry)
+        if planned_sha256 is not None:
+            _check_read(name, path, source.sha256(), planned_sha256)
+    finally:
+        source.close()
+    return _finish(name, entry, path, prompts, bad, inspected, skipped)
+
+
+def _check_read(name: str, path: Path, read: str, planned: str) -> None:
+    if read != planned:
+        raise InputChangedError(
+            f"dataset {name!r}: {path} changed after this job was planned: its output key was "
+            f"computed from content sha256 {planned}, the content read has sha256 {read}. "
+            "Nothing was written; run snakemake again to plan it anew."
+        )
+
+
+def _read_rows(
+    name: str, path: Path, source: _Source, extract: Callable, length: _Length, entry: dict
+) -> tuple[list[Prompt], list[BadRow], int, int]:
     system_prompt = (entry.get("generation") or {}).get("system_prompt")
     cap = entry.get("max_samples")
     prompts: list[Prompt] = []
@@ -437,8 +485,7 @@ def load_prompts(
         prompts.append(Prompt(f"{name}-{index:06d}", index, line, messages))
         if cap is not None and len(prompts) >= cap:
             break
-    skipped = _count_rest(source, inspected)
-    return _finish(name, entry, path, prompts, bad, inspected, skipped)
+    return prompts, bad, inspected, _count_rest(source, inspected)
 
 
 def _count_rest(source: _Source, inspected: int) -> int:

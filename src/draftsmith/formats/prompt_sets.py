@@ -54,8 +54,11 @@ def render(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     )
 
 
-def load_prompt_set(name: str, entry: dict, tokenizer, system_prompt: str | None) -> list[EvalPrompt]:
-    """The first `max_prompts` prompts of one configured set (`evaluate.prompt_sets.<name>`)."""
+def load_prompt_set(
+    name: str, entry: dict, tokenizer, system_prompt: str | None, planned_sha256: str | None = None
+) -> list[EvalPrompt]:
+    """The first `max_prompts` prompts of one configured set (`evaluate.prompt_sets.<name>`);
+    with `planned_sha256`, the file read must hash to it (`datasets.load_prompts`)."""
     loaded = datasets.load_prompts(
         name,
         {
@@ -66,6 +69,7 @@ def load_prompt_set(name: str, entry: dict, tokenizer, system_prompt: str | None
             "max_bad_fraction": 0.0,
             "generation": {"system_prompt": system_prompt},
         },
+        planned_sha256=planned_sha256,
     )
     return [EvalPrompt(p.id, p.line, p.messages, render(tokenizer, p.messages)) for p in loaded.prompts]
 

@@ -58,7 +58,9 @@ def _responses(
             )
         )
 
-    loaded = load_prompts(dataset, entry, count_tokens, longest_token_chars(tokenizer))
+    loaded = load_prompts(
+        dataset, entry, count_tokens, longest_token_chars(tokenizer), planned_sha256=artifact.params["source"]
+    )
     # The server writes beside the rule log (the rule log is this job's own).
     server_log = Path(log_file or outputs["responses"]).with_suffix(".server.log")
     return run(

@@ -25,6 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from draftsmith.store import atomic, lock
+from draftsmith.store.plan import check_planned, plan_for
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ def from_snakemake(smk, stage: Callable[..., object]) -> None:
     ):
         if not needed:
             return
+        check_planned(plan_for(smk.config), list(smk.output))
         try:
             stage(
                 smk.config,

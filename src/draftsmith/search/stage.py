@@ -216,7 +216,9 @@ def search(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
     plan = plan_for(config)
     ev, search_cfg = config["evaluate"], config["search"]
     model_info = target.model_info(inputs["model"])
-    name, prompts = prompt_set = load_prompts(config, inputs, model_info)
+    name, prompts = prompt_set = load_prompts(
+        config, inputs, model_info, plan.search.params["prompts"]["source"]
+    )
     grid = build_grid(config)
     settings = grid_settings(grid)
     # Every launch is built (and so checked) before any decoding: a refusal comes first.
@@ -258,13 +260,14 @@ def search(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
     return result
 
 
-def load_prompts(config: dict, inputs: dict, model_info: dict) -> PromptSet:
-    """The searched prompt set's name and prompts, rendered as the evaluator renders them and
-    checked against the training prompts (a trained-on prompt inflates acceptance)."""
+def load_prompts(config: dict, inputs: dict, model_info: dict, planned_sha256: str) -> PromptSet:
+    """The searched prompt set's name and prompts (its file's content hash `planned_sha256`),
+    rendered as the evaluator renders them and checked against the training prompts (a
+    trained-on prompt inflates acceptance)."""
     name = cfg.search_prompt_set(config)
     tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
     entry = config["evaluate"]["prompt_sets"][name]
-    prompts = load_prompt_set(name, entry, tokenizer, config["generation"]["system_prompt"])
+    prompts = load_prompt_set(name, entry, tokenizer, config["generation"]["system_prompt"], planned_sha256)
     if not prompts:
         raise SearchError(f"evaluate.prompt_sets.{name}: no prompt to search on")
     check_overlap({name: prompts}, training_prompts(inputs["merged"], inputs["responses"]))

@@ -216,8 +216,11 @@ def _pass_line(run: metrics.PassResult, k: int | None) -> str:
 
 
 # --- the stage ---------------------------------------------------------------------------
-def load_prompts(config: dict, hf_dir: str, context: int, training: dict[str, str]) -> list[BenchPrompt]:
-    """The configured prompt set, rendered as the evaluator renders it, each checked to fit
+def load_prompts(
+    config: dict, hf_dir: str, context: int, training: dict[str, str], planned_sha256: str
+) -> list[BenchPrompt]:
+    """The configured prompt set (its file's content hash `planned_sha256`), rendered as the
+    evaluator renders it, each checked to fit
     and checked against the training prompts (`training`: prompt hash -> sample id), since
     a prompt the draft was trained on inflates its acceptance length."""
     from draftsmith.formats.prompt_sets import check_overlap, load_prompt_set
@@ -227,7 +230,11 @@ def load_prompts(config: dict, hf_dir: str, context: int, training: dict[str, st
     name = bench["prompt_set"]
     tokenizer = target.load_tokenizer(hf_dir, config["model"]["trust_remote_code"])
     rendered = load_prompt_set(
-        name, config["evaluate"]["prompt_sets"][name], tokenizer, config["generation"]["system_prompt"]
+        name,
+        config["evaluate"]["prompt_sets"][name],
+        tokenizer,
+        config["generation"]["system_prompt"],
+        planned_sha256,
     )
     check_overlap({name: rendered}, training)
     for prompt in rendered:
@@ -251,7 +258,9 @@ def serve_bench(config: dict, inputs: dict, outputs: dict, log_file: str | None 
     draft_dir = Path(inputs["draft_config"]).parent
     context = serving_context(bench, read_target_config(hf_dir))
     check_draft(draft_dir, bench, context)
-    prompts = load_prompts(config, hf_dir, context, training_prompts(inputs["merged"], inputs["responses"]))
+    artifact = plan_for(config).serve_bench
+    training = training_prompts(inputs["merged"], inputs["responses"])
+    prompts = load_prompts(config, hf_dir, context, training, artifact.params["prompts"]["source"])
     search_path = optional_input(inputs.get("search"))
     search = json.loads(Path(search_path).read_text()) if search_path else None
     searched = top_settings(search, served_search_settings(config)) if search else []
@@ -263,7 +272,6 @@ def serve_bench(config: dict, inputs: dict, outputs: dict, log_file: str | None 
     if searched:
         served = [metrics.label(setting) for setting in searched]
         result["search"] = metrics.search_verdict(result["settings"], search, served)
-    artifact = plan_for(config).serve_bench
     report = {
         "key": artifact.key,
         "experiment": config["experiment"],

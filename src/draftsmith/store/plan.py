@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith import config as cfg
+from draftsmith.errors import InputChangedError
 from draftsmith.store.hashing import HashCache
 from draftsmith.store.keys import STAGES, is_key, stage_key
 
@@ -156,6 +157,47 @@ def output_patterns(root: Path | str, stage: str) -> dict[str, str]:
     return declared(f"{root}/{stage}/{{dataset}}/{{key}}", stage)
 
 
+def check_planned(plan: Plan, outputs: list[str]) -> None:
+    """Refuse a job whose declared outputs lie under a key its config and inputs no longer
+    give: an input changed between Snakemake's planning and the job's start, and writing
+    now would put one content under another content's key (nothing is written)."""
+    root = plan.root.resolve()
+    planned = {a.directory.resolve(): a for a in plan.artifacts}
+    for output in outputs:
+        try:
+            relative = Path(output).resolve().relative_to(root)
+        except ValueError:
+            continue  # not in the store (results/, logs)
+        directory = key_directory(relative)
+        if directory is None or root / directory in planned:
+            continue
+        now = [a for a in plan.artifacts if a.directory.parent.resolve() == (root / directory).parent]
+        hashes = "; ".join(
+            f"{a.directory.relative_to(plan.root)} from {_content_hashes(a.params)}" for a in now
+        )
+        raise InputChangedError(
+            f"{output}: an input changed after this job was planned: its outputs are keyed "
+            f"{directory.name}, the config and inputs now give {hashes or 'no such artifact'}. "
+            "Nothing was written; run snakemake again to plan it anew."
+        )
+
+
+def _content_hashes(params: dict) -> str:
+    """The content hashes a key's params hold (`source`, `sha256`), for an error message."""
+    found = []
+
+    def walk(value: object, where: str) -> None:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if name in ("source", "sha256") and isinstance(item, str):
+                    found.append(f"{where}{name} sha256 {item}")
+                else:
+                    walk(item, f"{where}{name}.")
+
+    walk(params, "")
+    return ", ".join(found) or "its upstream keys"
+
+
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
 
@@ -166,6 +208,12 @@ def segment_name(index: int) -> str:
 
 def _segment(segment: int | str) -> str:
     return segment if isinstance(segment, str) else segment_name(segment)
+
+
+def forget_source_hashes(root: Path) -> None:
+    """Drop the store's hash cache, so that the next plan hashes every source again. The cache
+    trusts (size, mtime, inode): an edit that keeps all three keeps the old hash until then."""
+    (root / HASH_CACHE).unlink(missing_ok=True)
 
 
 def plan_for(config: dict) -> Plan:
