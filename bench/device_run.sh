@@ -7,8 +7,11 @@
 #   bash bench/device_run.sh split        # here: bench/wheels filled, data/device/model.part{1,2}
 #   bash bench/device_run.sh setup        # there (carry bench/wheels, data/device/model.part1):
 #                                         # wheels installed, part 1 kept in /tmp, prompt files
-#   bash bench/device_run.sh run SECONDS  # there (carry data/device/model.part2 on the first):
-#                                         # GGUF assembled, the medium run for at most SECONDS
+#   bash bench/device_run.sh run SECONDS [TARGET...]
+#                                         # there (carry data/device/model.part2 on the first):
+#                                         # GGUF assembled, the medium run (or only TARGETs,
+#                                         # e.g. export, so that a call does not start a job
+#                                         # it cannot finish) for at most SECONDS
 # Every run phase writes its tables to $OUT: the benchmark, training summary, stage times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -81,12 +84,13 @@ setup)
     ;;
 run)
     seconds=${2:?seconds}
+    shift 2
     . bench/device_setup.sh
     keep_parts
     assemble_model
     status=0
     SECONDS=0
-    timeout -s INT -k 30 "$seconds" bash bench/medium_run.sh --quiet rules 2>&1 | tee /tmp/device_run.log || status=$?
+    timeout -s INT -k 30 "$seconds" bash bench/medium_run.sh "$@" --quiet rules 2>&1 | tee /tmp/device_run.log || status=$?
     echo "device_run: medium run exit $status after ${SECONDS} s" | tee -a /tmp/device_run.log
     report
     ;;
