@@ -7,7 +7,12 @@
 
 import os
 
-from draftsmith.config import search_enabled, search_prompt_set, served_search_settings
+from draftsmith.config import (
+    apply_command_line,
+    search_enabled,
+    search_prompt_set,
+    served_search_settings,
+)
 from draftsmith.runtime.resources import (
     evaluate_gpus,
     hidden_gpus,
@@ -28,6 +33,8 @@ if not workflow.overwrite_configfiles:
     configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
+# Values given with `--config` mean what they would in a config file (nested ones included).
+apply_command_line(config, workflow.config_settings.config_args)
 PLAN = configure(config, source=", ".join(map(str, workflow.configfiles)) or "config")
 LOGS = config["logs_dir"]
 

@@ -9,6 +9,7 @@ complete dictionary.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,33 @@ def read(path: str | Path) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return raw
+
+
+def apply_command_line(config: dict, entries: Sequence[str] | None) -> dict:
+    """Read `--config key=value` entries as YAML into `config` (in place; returned).
+
+    Snakemake reads a nested value such as `search={enabled: true}` with YAML's base
+    loader, which leaves every scalar a string ('true'); a user overriding a setting means
+    what a config file would mean, so each entry is read again as a config file reads it
+    and merged over what Snakemake merged."""
+    for entry in entries or ():
+        key, sep, text = entry.partition("=")
+        if not sep:
+            continue  # Snakemake refuses such an entry itself
+        try:
+            value = yaml.safe_load(text) if text else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {key}: not valid YAML: {exc}") from None
+        _merge(config, key, value)
+    return config
+
+
+def _merge(into: dict, key: str, value: Any) -> None:
+    if isinstance(value, dict) and isinstance(into.get(key), dict):
+        for name, item in value.items():
+            _merge(into[key], name, item)
+    else:
+        into[key] = value
 
 
 def load(path: str | Path) -> dict:

@@ -449,3 +449,12 @@ def test_the_same_file_read_for_other_prompts_is_not_a_shared_source(tmp_path):
         "other": {"path": str(both), "format": "prompt", "prompt_field": "question"},
     }
     assert set(configure(config).responses) == {"asked", "other"}
+
+
+def test_command_line_values_are_read_as_yaml_and_merged_over_the_config():
+    config = {"search": {"enabled": "false", "eta": 2, "first_prompts": 1}, "experiment": "demo"}
+    cfg.apply_command_line(config, ["search={enabled: true, eta: 3}", "experiment='007'", "notes="])
+    assert config["search"] == {"enabled": True, "eta": 3, "first_prompts": 1}  # the rest is kept
+    assert config["experiment"] == "007" and config["notes"] is None
+    with pytest.raises(ConfigError, match="--config search: not valid YAML"):
+        cfg.apply_command_line(config, ["search={enabled: [}"])

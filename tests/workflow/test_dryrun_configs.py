@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,3 +39,17 @@ def test_graph_renders_with_dot(config, graph):
     assert result.returncode == 0 and result.stdout.lstrip().startswith("digraph"), result.stderr[-2000:]
     svg = subprocess.run([dot, "-Tsvg"], input=result.stdout, capture_output=True, text=True, check=True)
     assert "<svg" in svg.stdout and "merge" in svg.stdout
+
+
+def test_nested_values_given_with_config_mean_what_a_config_file_means():
+    """Snakemake reads `search={enabled: false}` with every scalar a string ('false'); the
+    workflow reads it as YAML, so the override applies instead of failing validation."""
+    off = smk(REPO / "config.yaml", "-n", "--quiet", "rules", "--config", "search={enabled: false}")
+    assert off.returncode == 0, off.stderr[-3000:]
+    on = smk(REPO / "config.yaml", "-n", "--quiet", "rules", "--config", "search={enabled: true}")
+    assert on.returncode == 0, on.stderr[-3000:]
+
+    def jobs(result: subprocess.CompletedProcess) -> bool:
+        return re.search(r"^search\s+1$", result.stdout, re.MULTILINE) is not None
+
+    assert jobs(on) and not jobs(off)
