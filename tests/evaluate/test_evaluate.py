@@ -43,6 +43,7 @@ from draftsmith.formats.prompt_sets import (
 from draftsmith.model.stage import describe
 from draftsmith.runtime.sglang import Speculation
 from draftsmith.store import atomic
+from draftsmith.store.journal import Journal
 from draftsmith.store.plan import plan_for
 from draftsmith.target import load as target
 from draftsmith.target import special_tokens
@@ -282,6 +283,41 @@ def test_broken_verification_is_caught_with_prompt_and_position(
     assert f"prompt set 'tiny' prompt {heldout[1].id}, k=3" in message
     assert f"position {at}: greedy {greedy_outputs[1][at]}, speculative {broken.tokens[at]}" in message
     assert re.search(r"top-2 logit margin there: [0-9.e+-]+", message)
+
+
+def test_a_resumed_evaluation_decodes_only_the_prompts_it_has_not_recorded(
+    model, draft, aux, heldout, stops, tmp_path
+):
+    settings = Settings(
+        k=[2], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0, trees=[Speculation(**TREE)]
+    )
+    sets, path = {"tiny": heldout}, tmp_path / "journal.jsonl"
+
+    def run() -> tuple[dict, list[dict], Journal]:
+        journal = Journal(path)
+        try:
+            return *benchmark_sets(model, draft, aux, sets, settings, journal=journal), journal
+        finally:
+            journal.close()
+
+    full, full_rows, journal = run()
+    assert sorted(journal.records) == [f"tiny/{p.id}" for p in heldout]
+    # A job stopped after its first prompt: the journal holds that prompt alone, its baseline
+    # time marked so that the resumed job's use of it shows.
+    first = json.loads(path.read_text().splitlines()[0])
+    first["runs"]["baseline"]["seconds"] = 1000.0
+    path.write_text(json.dumps(first) + "\n")
+    resumed, rows, journal = run()
+    assert rows[0]["setting"] == "baseline" and rows[0]["seconds"] == 1000.0
+    assert sorted(journal.records) == [f"tiny/{p.id}" for p in heldout]  # the rest decoded, recorded
+
+    def untimed(table: list[dict]) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in table]
+
+    assert untimed(rows) == untimed(full_rows)  # the same tokens, verify steps and AL
+    for section, key in (("by_k", "2"), ("by_tree", "2-2-4")):
+        got, want = resumed["tiny"][section][key], full["tiny"][section][key]
+        assert got["acceptance_length"] == want["acceptance_length"] and got["tokens"] == want["tokens"]
 
 
 def test_broken_tree_verification_is_caught_with_the_tree_named(

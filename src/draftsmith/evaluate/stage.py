@@ -84,7 +84,8 @@ from draftsmith.runtime.resources import evaluate_gpus
 from draftsmith.runtime.sglang import Speculation
 from draftsmith.serve_bench import EAGLE3, check_launch, launch_command
 from draftsmith.store import atomic, manifest
-from draftsmith.store.plan import EXPORT_FILES, plan_for
+from draftsmith.store.journal import Journal
+from draftsmith.store.plan import EXPORT_FILES, JOURNAL, plan_for
 from draftsmith.target import load as target
 
 if TYPE_CHECKING:
@@ -262,11 +263,14 @@ def benchmark_sets(
     accept: AcceptFn | None = None,
     accept_tree: TreeAcceptFn | None = None,
     desc: str = "evaluate",
+    journal: Journal | None = None,
 ) -> tuple[dict, list[dict]]:
     """Warm up, then decode every prompt greedily and with each chain and tree; returns the
     `prompt_sets` section of benchmark.json and the per-prompt rows. `accept` and
     `accept_tree` replace the acceptance rules (tests use them to break verification);
-    `desc` labels the progress bar."""
+    `desc` labels the progress bar. With a `journal`, each prompt's decodes are recorded once
+    they pass the lossless check, and a prompt already recorded is not decoded again: a job
+    stopped at prompt 71 of 79 resumes at prompt 72."""
     from draftsmith.evaluate import spec_decode as sd
 
     device = model.device
@@ -285,27 +289,71 @@ def benchmark_sets(
     def spec(p: EvalPrompt, setting: Setting) -> Decoded:
         return sd.timed(device, lambda: decode(p.input_ids, setting))
 
+    def measure(name: str, prompt: EvalPrompt) -> tuple[Decoded, list[Decoded]]:
+        greedy = base(prompt)
+        decoded = []
+        for setting in measured:
+            decoded.append(spec(prompt, setting))
+            check_lossless(model, name, prompt, setting.label, greedy.tokens, decoded[-1].tokens)
+        return greedy, decoded
+
     measured = settings.measured
-    for prompt in [p for prompts in prompt_sets.values() for p in prompts][: settings.warmup_prompts]:
+    recorded = journal.records if journal is not None else {}
+    pending = [
+        p for name, prompts in prompt_sets.items() for p in prompts if _prompt_id(name, p) not in recorded
+    ]
+    for prompt in pending[: settings.warmup_prompts]:
         base(prompt)
         for setting in measured:
             spec(prompt, setting)
+    total = sum(map(len, prompt_sets.values()))
+    if journal is not None:
+        log.info(
+            "%s: %d prompts, %d measured before (journal), %d to decode",
+            desc,
+            total,
+            total - len(pending),
+            len(pending),
+        )
     results, rows = {}, []
-    bar = jobs.progress(sum(map(len, prompt_sets.values())), desc, unit="prompt")
+    bar = jobs.progress(total, desc, unit="prompt", initial=total - len(pending))
     for name, prompts in prompt_sets.items():
         baseline, runs = [], {setting: [] for setting in measured}
         for prompt in prompts:
-            baseline.append(base(prompt))
-            rows.append(_row(name, prompt, None, baseline[-1]))
-            for setting, decoded in runs.items():
-                decoded.append(spec(prompt, setting))
-                check_lossless(model, name, prompt, setting.label, baseline[-1].tokens, decoded[-1].tokens)
-                rows.append(_row(name, prompt, setting, decoded[-1]))
-            bar.update()
+            record_id = _prompt_id(name, prompt)
+            if record_id in recorded:
+                greedy, decoded = _from_record(recorded[record_id], measured)
+            else:
+                greedy, decoded = measure(name, prompt)
+                if journal is not None:
+                    journal.append(_record(record_id, greedy, measured, decoded))
+                bar.update()
+            baseline.append(greedy)
+            rows.append(_row(name, prompt, None, greedy))
+            for setting, run in zip(measured, decoded, strict=True):
+                runs[setting].append(run)
+                rows.append(_row(name, prompt, setting, run))
         results[name] = {**_summary(baseline, runs), "draft_vocab_coverage": vocab_coverage(draft, baseline)}
         log.info("%s: %s", name, json.dumps(results[name]))
     bar.close()
     return results, rows
+
+
+def _prompt_id(set_name: str, prompt: EvalPrompt) -> str:
+    return f"{set_name}/{prompt.id}"
+
+
+def _record(record_id: str, greedy: Decoded, measured: list[Setting], decoded: list[Decoded]) -> dict:
+    """One prompt's decodes, as the journal keeps them (the baseline under its own label)."""
+    runs = {BASELINE: greedy, **{s.label: run for s, run in zip(measured, decoded, strict=True)}}
+    return {"id": record_id, "runs": {label: asdict(run) for label, run in runs.items()}}
+
+
+def _from_record(record: dict, measured: list[Setting]) -> tuple[Decoded, list[Decoded]]:
+    from draftsmith.evaluate.spec_decode import Decoded
+
+    runs = {label: Decoded(**run) for label, run in record["runs"].items()}
+    return runs[BASELINE], [runs[s.label] for s in measured]
 
 
 def _summary(baseline: list[Decoded], runs: dict[Setting, list[Decoded]]) -> dict:
@@ -467,7 +515,11 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
     export_dir = Path(inputs["export_config"]).parent
     with gpus.acquire_gpus(evaluate_gpus(config)):
         model, draft, aux = load_models(config, model_info, export_dir)
-        results, rows = benchmark_sets(model, draft, aux, sets, settings)
+        journal = Journal(Path(outputs["json"]).parent / JOURNAL)
+        try:
+            results, rows = benchmark_sets(model, draft, aux, sets, settings, journal=journal)
+        finally:
+            journal.close()
         device = device_name(model.device)
     for name, table in by_length(rows, ev["length_buckets"]).items():
         results[name]["by_length"] = table
