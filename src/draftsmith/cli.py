@@ -184,7 +184,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     grace_s = args.grace * 60
     taken, skipped, total = 0, 0, 0
-    for root, directory in gc.unreferenced(_plan_of([path]) for path in _paths(args)):
+    plans = [_plan_of([path]) for path in _paths(args)]
+    for root, directory in gc.unreferenced(plans):
         size = gc.size(directory)
         why = gc.remove(root, directory, grace_s) if args.delete else gc.kept(root, directory, grace_s)
         if why is not None:
@@ -196,7 +197,8 @@ def _gc(args: argparse.Namespace) -> int:
     verb = "deleted" if args.delete else "unreferenced (delete with --delete)"
     left = f"; {skipped} skipped (in use or recently written)" if skipped else ""
     print(f"gc: {taken} directories {verb}, {human_size(total)} ({total:,} bytes){left}")
-    for root in sorted({_plan_of([path]).root for path in _paths(args)}):
+    _gc_answers(plans, args.delete, grace_s)
+    for root in sorted({plan.root for plan in plans}):
         leftovers = gc.stale_temps(root)
         for leftover in leftovers:
             print(f"{'removed' if args.delete else 'stale'}  {leftover}")
@@ -205,6 +207,23 @@ def _gc(args: argparse.Namespace) -> int:
         if leftovers:
             print(f"gc: {len(leftovers)} temporaries of dead processes in {root}")
     return 0
+
+
+def _gc_answers(plans: list[Plan], delete: bool, grace_s: float) -> None:
+    """Stored answers no config uses, per generation key: listed, or deleted with `delete`."""
+    taken, total = 0, 0
+    for item in gc.unused_answers(plans):
+        if not item.unused and item.kept is None:
+            continue
+        why = gc.remove_answers(item, grace_s) if delete else gc.answers_kept(item, grace_s)
+        if why is not None:
+            print(f"skipped  {item.directory}: {why}")
+            continue
+        taken, total = taken + len(item.unused), total + item.size
+        whole = ", the whole store" if item.whole else ""
+        print(f"{human_size(item.size):>9}  {item.directory}: {len(item.unused)} answers{whole}")
+    verb = "deleted" if delete else "unused (delete with --delete)"
+    print(f"gc: {taken} stored answers {verb}, {human_size(total)} ({total:,} bytes)")
 
 
 def _migrate(args: argparse.Namespace) -> int:
