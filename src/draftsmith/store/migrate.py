@@ -80,12 +80,11 @@ def _import_answers(root: Path, directory: Path, dry_run: bool) -> Step | None:
     for source in sources:
         for record in complete_records(source.read_bytes())[0]:  # a journal's torn tail is no answer
             records.setdefault(answers.address(record["messages"]), record)
-    if dry_run:
-        present = {a[answers.ADDRESS] for a in answers.read(answers.file_of(store)).answers}
-        new = [at for at in records if at not in present]
-    else:
+    present = {a[answers.ADDRESS] for a in answers.read(answers.file_of(store)).answers}
+    new = [at for at in records if at not in present]
+    if new and not dry_run:
         with answers.opened(store) as opened:
-            new = [at for at in records if at not in opened]
+            new = [at for at in new if at not in opened]  # another process may have stored some
             for at in new:
                 opened.put(records[at], at)
     return Step("import", directory, f"({len(new)} answers -> {store})") if new else None
