@@ -1,8 +1,9 @@
 """The `draftsmith` command: inspect and maintain the artifact store Snakemake builds.
 
 `plan` lists what a config asks for and what of it is built, `verify` re-hashes
-artifacts against their manifests, `gc` lists (and deletes) what no config plans, and
-`migrate` brings a store from before the stage renames into the current layout.
+artifacts against their manifests and stored answers against their own hashes, `gc`
+lists (and deletes) what no config plans or uses, and `migrate` brings a store from
+before the stage renames or the answer store into the current layout.
 Configs are read as Snakemake reads them: `config.yaml` unless `--configfile` is given,
 several `--configfile` merged in order (the later wins).
 """
@@ -49,21 +50,25 @@ def _parser() -> argparse.ArgumentParser:
     plan = _command(commands, "plan", _plan, "list every planned artifact and whether it is built", configs)
     plan.add_argument("--json", action="store_true", help="a JSON list instead of a table")
 
-    check = _command(commands, "verify", _verify, "re-hash artifacts against their manifests", configs)
+    rehash = "re-hash artifacts against their manifests and stored answers against their hashes"
+    check = _command(commands, "verify", _verify, rehash, configs)
     check.add_argument(
         "root",
         nargs="?",
         type=Path,
         help="store root; without --configfile only what the store holds is checked",
     )
-    check.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts")
+    check.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts; drop bad answers")
     check.add_argument(
         "--rehash-sources",
         action="store_true",
         help="hash every source file again (the hash cache trusts size, mtime and inode)",
     )
 
-    unplanned = "list artifact directories that no given config plans (each config planned on its own)"
+    unplanned = (
+        "list artifact directories that no given config plans and stored answers none uses "
+        "(each config planned on its own)"
+    )
     collect = _command(commands, "gc", _gc, unplanned, configs)
     collect.add_argument("--delete", action="store_true", help="delete them")
     collect.add_argument(
@@ -75,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         "a directory a running job holds is always left",
     )
 
-    move = _command(commands, "migrate", _migrate, "move a store to the current stage names", configs)
+    upgrade = "move a store to the current stage names and import its answers into the answer store"
+    move = _command(commands, "migrate", _migrate, upgrade, configs)
     move.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
     move.add_argument("--dry-run", action="store_true", help="print the steps without taking them")
     return parser
