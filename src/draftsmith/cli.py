@@ -216,11 +216,13 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _gc_answers(plans: list[Plan], delete: bool, grace_s: float) -> None:
-    """Stored answers no config uses, per generation key: listed, or deleted with `delete`."""
-    taken, total = 0, 0
+    """Stored answers no config uses, per generation key: listed, or deleted with `delete`
+    (nothing printed when every stored answer is in use)."""
+    taken, total, reported = 0, 0, False
     for item in gc.unused_answers(plans):
         if not item.unused and item.kept is None:
             continue
+        reported = True
         why = gc.remove_answers(item, grace_s) if delete else gc.answers_kept(item, grace_s)
         if why is not None:
             print(f"skipped  {item.directory}: {why}")
@@ -228,8 +230,9 @@ def _gc_answers(plans: list[Plan], delete: bool, grace_s: float) -> None:
         taken, total = taken + len(item.unused), total + item.size
         whole = ", the whole store" if item.whole else ""
         print(f"{human_size(item.size):>9}  {item.directory}: {len(item.unused)} answers{whole}")
-    verb = "deleted" if delete else "unused (delete with --delete)"
-    print(f"gc: {taken} stored answers {verb}, {human_size(total)} ({total:,} bytes)")
+    if reported:
+        verb = "deleted" if delete else "unused (delete with --delete)"
+        print(f"gc: {taken} stored answers {verb}, {human_size(total)} ({total:,} bytes)")
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import stand_in_config
 
+from draftsmith import cli
 from draftsmith.formats.responses import Usage, response_record
 from draftsmith.store import answers, atomic, gc, manifest, verify
 from draftsmith.store.keys import answers_key
@@ -177,3 +179,22 @@ def test_gc_leaves_answers_written_within_the_grace_period_or_in_use(tmp_path):
     with answers.opened(retired):
         assert "in use" in gc.remove_answers(item, 0)
     assert retired.exists()
+
+
+def test_draftsmith_gc_lists_then_deletes_unused_answers(tmp_path, capsys):
+    config = stand_in_config(tmp_path)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    plan = configure(copy.deepcopy(config))
+    retired = plan.root / ANSWERS / "fedcba9876543210"
+    put(retired, "old", "older")
+    for item in [*retired.rglob("*"), retired]:
+        os.utime(item, (PAST, PAST))
+    assert cli.main(["gc", "--configfile", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{retired}: 2 answers, the whole store" in out
+    assert "gc: 2 stored answers unused (delete with --delete)" in out
+    assert retired.exists()
+    assert cli.main(["gc", "--configfile", str(path), "--delete"]) == 0
+    assert "gc: 2 stored answers deleted" in capsys.readouterr().out
+    assert not retired.exists()
