@@ -35,9 +35,13 @@ def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file:
     plan = plan_for(config)
     artifact = plan.responses[dataset]
     entry = cfg.dataset_settings(config, dataset)
-    # Leased before anything initialises CUDA; held until the last answer is written.
-    with gpus.acquire_gpus(responses_gpus(config, entry["generation"]["backend"])):
-        return _responses(config, dataset, entry, artifact, plan.answers[dataset], inputs, outputs, log_file)
+    # The answer store's lock first, so a job waiting for its turn holds no GPU; GPUs are
+    # leased before anything initialises CUDA and held until the last answer is written.
+    with (
+        answers.opened(plan.answers[dataset]) as store,
+        gpus.acquire_gpus(responses_gpus(config, entry["generation"]["backend"])),
+    ):
+        return _responses(config, dataset, entry, artifact, store, inputs, outputs, log_file)
 
 
 def _responses(
@@ -45,7 +49,7 @@ def _responses(
     dataset: str,
     entry: dict,
     artifact: Artifact,
-    answer_store: Path,
+    store: answers.AnswerStore,
     inputs: dict,
     outputs: dict,
     log_file: str | None,
@@ -68,9 +72,9 @@ def _responses(
     return run(
         dataset=dataset,
         loaded=loaded,
-        backend=make_backend(config, dataset, entry, info, server_log),
+        backend=lambda: make_backend(config, dataset, entry, info, server_log),
         artifact=artifact,
-        answer_store=answer_store,
+        store=store,
         outputs=outputs,
         openai_cfg=config["generation"]["openai"],
     )
@@ -101,8 +105,8 @@ class Backend(Protocol):
     def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
         """Generate a record for each prompt and pass it to `emit` as soon as it is done.
 
-        `spent` is the usage of the dataset's answers already stored (for budget caps); backends may
-        raise `BudgetReached` to stop cleanly.
+        `spent` is the usage of the dataset's answers already stored (for budget caps);
+        backends may raise `BudgetReached` to stop cleanly.
         """
 
 
@@ -110,48 +114,47 @@ def run(
     *,
     dataset: str,
     loaded: LoadedDataset,
-    backend: Backend,
+    backend: Callable[[], Backend],
     artifact: Artifact,
-    answer_store: Path,
+    store: answers.AnswerStore,
     outputs: dict,
     openai_cfg: dict,
 ) -> dict:
-    """Generate what the answer store lacks, then write `outputs` (responses, bad_rows, manifest)."""
+    """Generate what the answer `store` (held) lacks, then write `outputs` (responses,
+    bad_rows, manifest). `backend` makes the backend, only when there is something to ask."""
     started = time.time()
     addresses = {p.id: answers.address(p.messages) for p in loaded.prompts}
-    with answers.opened(answer_store) as store:
-        if store.torn_lines:
-            log.warning("answer store: dropped %d torn line(s) from an interrupted run", store.torn_lines)
-        reused = [p for p in loaded.prompts if addresses[p.id] in store]
-        # One request per distinct prompt: a prompt repeated in the dataset is asked once.
-        pending = list({addresses[p.id]: p for p in loaded.prompts if addresses[p.id] not in store}.values())
-        log.info(
-            "%s: %d prompts, %d already answered in the store, %d to generate",
-            dataset,
-            len(loaded.prompts),
-            len(reused),
-            len(pending),
-        )
-        spent = Usage()
-        for p in reused:
-            spent.add(record_usage(store.get(addresses[p.id])))
+    if store.torn_lines:
+        log.warning("answer store: dropped %d torn line(s) from an interrupted run", store.torn_lines)
+    reused = [p for p in loaded.prompts if addresses[p.id] in store]
+    # One request per distinct prompt: a prompt repeated in the dataset is asked once.
+    pending = list({addresses[p.id]: p for p in loaded.prompts if addresses[p.id] not in store}.values())
+    log.info(
+        "%s: %d prompts, %d already answered in the store, %d to generate",
+        dataset,
+        len(loaded.prompts),
+        len(reused),
+        len(pending),
+    )
+    spent = Usage()
+    for p in reused:
+        spent.add(record_usage(store.get(addresses[p.id])))
 
-        bar = progress(len(loaded.prompts), f"generate {dataset}", initial=len(reused))
-        rate = TokenRate()
+    bar = progress(len(loaded.prompts), f"generate {dataset}", initial=len(reused))
+    rate = TokenRate()
 
-        def emit(record: dict) -> None:
-            # Stored under the address of the prompt as read, whatever the backend echoes.
-            store.put(record, addresses[record["id"]])
-            bar.update(1)
-            bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
+    def emit(record: dict) -> None:
+        # Stored under the address of the prompt as read, whatever the backend echoes.
+        store.put(record, addresses[record["id"]])
+        bar.update(1)
+        bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
 
-        try:
-            backend.generate(pending, emit, spent)
-        finally:
-            bar.close()
-        records = [
-            answers.as_record(store.get(addresses[p.id]), p.id, dataset, p.index) for p in loaded.prompts
-        ]
+    try:
+        if pending:  # nothing to ask: no model loaded, no server started
+            backend().generate(pending, emit, spent)
+    finally:
+        bar.close()
+    records = [answers.as_record(store.get(addresses[p.id]), p.id, dataset, p.index) for p in loaded.prompts]
 
     usage = Usage()
     for record in records:
