@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -198,3 +199,22 @@ def test_draftsmith_gc_lists_then_deletes_unused_answers(tmp_path, capsys):
     assert cli.main(["gc", "--configfile", str(path), "--delete"]) == 0
     assert "gc: 2 stored answers deleted" in capsys.readouterr().out
     assert not retired.exists()
+
+
+def test_a_second_job_waits_for_the_lock_then_finds_the_answer(tmp_path):
+    directory = tmp_path / ANSWERS / "0123456789abcdef"
+    at = answers.address(messages("one"))
+    seen: list[bool] = []
+
+    def second_job() -> None:
+        with answers.opened(directory) as store:
+            seen.append(at in store)
+
+    with answers.opened(directory) as first:
+        waiting = threading.Thread(target=second_job)
+        waiting.start()
+        time.sleep(0.5)
+        assert waiting.is_alive() and seen == []  # it waits while the first job generates
+        first.put(record("one"), at)
+    waiting.join(10)
+    assert seen == [True]  # and then finds the answer: nothing is requested twice
