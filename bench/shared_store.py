@@ -1,8 +1,8 @@
 """The store's promise on the default config, as a user meets it; prints a table.
 
 1. Two fresh clones of this repository start `snakemake` together on one empty store
-   (an absolute `artifacts_dir`): both must finish, every journal must hold each sample
-   once, and no keyed job may be built by both.
+   (an absolute `artifacts_dir`): both must finish, every answer store must hold each
+   answer once, and no keyed job may be built by both.
 2. Then, from the first clone: the experiment renamed, `results/` deleted, and a third
    clone (datasets with new modification times) must each dry-run to report jobs only.
 
@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT_JOBS = {"hidden_estimate", "report", "report_html", "all"}
@@ -76,16 +78,16 @@ def main() -> None:
     codes = [p.wait() for p in procs]
     wall = time.monotonic() - started
     duplicated_ids = 0
-    for journal in store.glob("responses/*/*/journal.jsonl"):
-        ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
-        duplicated_ids += len(ids) - len(set(ids))
+    for journal in store.glob(f"{ANSWERS}/*/{ANSWERS_FILE}"):
+        stored = [json.loads(line)["address"] for line in journal.read_text().splitlines()]
+        duplicated_ids += len(stored) - len(set(stored))
     jobs, twice = built_once([first, second])
 
     rows = [
         ("two clones at once: exit codes", " ".join(map(str, codes))),
         ("two clones at once: wall time", f"{wall / 60:.1f} min"),
         ("keyed jobs / built by both clones", f"{jobs} / {twice}"),
-        ("journal records duplicated", str(duplicated_ids)),
+        ("stored answers duplicated", str(duplicated_ids)),
     ]
     renamed = planned(snakemake(first, "-n", *option, "experiment=renamed"))
     rows.append(("dry run, experiment renamed", ", ".join(sorted(renamed)) or "nothing"))

@@ -1,6 +1,6 @@
 # Responses: the target answers each dataset's prompts, one output per dataset.
-# Resumable: finished records go to journal.jsonl beside the outputs (not declared,
-# so Snakemake does not delete it before a rerun). Logic: src/draftsmith/responses/.
+# Answers are stored once in the store's answer store (artifacts/answers/, not declared,
+# so Snakemake never deletes it); a job asks only for what it lacks. Logic: src/draftsmith/responses/.
 
 
 rule responses:

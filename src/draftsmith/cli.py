@@ -1,8 +1,9 @@
 """The `draftsmith` command: inspect and maintain the artifact store Snakemake builds.
 
 `plan` lists what a config asks for and what of it is built, `verify` re-hashes
-artifacts against their manifests, `gc` lists (and deletes) what no config plans, and
-`migrate` brings a store from before the stage renames into the current layout.
+artifacts against their manifests and stored answers against their own hashes, `gc`
+lists (and deletes) what no config plans or uses, and `migrate` brings a store from
+before the stage renames or the answer store into the current layout.
 Configs are read as Snakemake reads them: `config.yaml` unless `--configfile` is given,
 several `--configfile` merged in order (the later wins).
 """
@@ -49,21 +50,25 @@ def _parser() -> argparse.ArgumentParser:
     plan = _command(commands, "plan", _plan, "list every planned artifact and whether it is built", configs)
     plan.add_argument("--json", action="store_true", help="a JSON list instead of a table")
 
-    check = _command(commands, "verify", _verify, "re-hash artifacts against their manifests", configs)
+    rehash = "re-hash artifacts against their manifests and stored answers against their hashes"
+    check = _command(commands, "verify", _verify, rehash, configs)
     check.add_argument(
         "root",
         nargs="?",
         type=Path,
         help="store root; without --configfile only what the store holds is checked",
     )
-    check.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts")
+    check.add_argument("--fix", action="store_true", help="quarantine corrupt artifacts; drop bad answers")
     check.add_argument(
         "--rehash-sources",
         action="store_true",
         help="hash every source file again (the hash cache trusts size, mtime and inode)",
     )
 
-    unplanned = "list artifact directories that no given config plans (each config planned on its own)"
+    unplanned = (
+        "list artifact directories that no given config plans and stored answers none uses "
+        "(each config planned on its own)"
+    )
     collect = _command(commands, "gc", _gc, unplanned, configs)
     collect.add_argument("--delete", action="store_true", help="delete them")
     collect.add_argument(
@@ -75,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         "a directory a running job holds is always left",
     )
 
-    move = _command(commands, "migrate", _migrate, "move a store to the current stage names", configs)
+    upgrade = "move a store to the current stage names and import its answers into the answer store"
+    move = _command(commands, "migrate", _migrate, upgrade, configs)
     move.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
     move.add_argument("--dry-run", action="store_true", help="print the steps without taking them")
     return parser
@@ -184,7 +190,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     grace_s = args.grace * 60
     taken, skipped, total = 0, 0, 0
-    for root, directory in gc.unreferenced(_plan_of([path]) for path in _paths(args)):
+    plans = [_plan_of([path]) for path in _paths(args)]
+    for root, directory in gc.unreferenced(plans):
         size = gc.size(directory)
         why = gc.remove(root, directory, grace_s) if args.delete else gc.kept(root, directory, grace_s)
         if why is not None:
@@ -196,7 +203,8 @@ def _gc(args: argparse.Namespace) -> int:
     verb = "deleted" if args.delete else "unreferenced (delete with --delete)"
     left = f"; {skipped} skipped (in use or recently written)" if skipped else ""
     print(f"gc: {taken} directories {verb}, {human_size(total)} ({total:,} bytes){left}")
-    for root in sorted({_plan_of([path]).root for path in _paths(args)}):
+    _gc_answers(plans, args.delete, grace_s)
+    for root in sorted({plan.root for plan in plans}):
         leftovers = gc.stale_temps(root)
         for leftover in leftovers:
             print(f"{'removed' if args.delete else 'stale'}  {leftover}")
@@ -205,6 +213,26 @@ def _gc(args: argparse.Namespace) -> int:
         if leftovers:
             print(f"gc: {len(leftovers)} temporaries of dead processes in {root}")
     return 0
+
+
+def _gc_answers(plans: list[Plan], delete: bool, grace_s: float) -> None:
+    """Stored answers no config uses, per generation key: listed, or deleted with `delete`
+    (nothing printed when every stored answer is in use)."""
+    taken, total, reported = 0, 0, False
+    for item in gc.unused_answers(plans):
+        if not item.unused and item.kept is None:
+            continue
+        reported = True
+        why = gc.remove_answers(item, grace_s) if delete else gc.answers_kept(item, grace_s)
+        if why is not None:
+            print(f"skipped  {item.directory}: {why}")
+            continue
+        taken, total = taken + len(item.unused), total + item.size
+        whole = ", the whole store" if item.whole else ""
+        print(f"{human_size(item.size):>9}  {item.directory}: {len(item.unused)} answers{whole}")
+    if reported:
+        verb = "deleted" if delete else "unused (delete with --delete)"
+        print(f"gc: {taken} stored answers {verb}, {human_size(total)} ({total:,} bytes)")
 
 
 def _migrate(args: argparse.Namespace) -> int:

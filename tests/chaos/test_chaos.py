@@ -41,6 +41,7 @@ from conftest import (
 from fault_proxy import FaultProxy, last_user_message
 
 from draftsmith.runtime.process import free_port
+from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
@@ -74,9 +75,9 @@ def wait_gone(work: Path, timeout_s: float = 60) -> None:
 
 
 def journaled_prompts(store: Path) -> set[str]:
-    """The user prompts of every journaled response (torn last lines skipped)."""
+    """The user prompts of every stored answer (torn last lines skipped)."""
     prompts = set()
-    for journal in store.glob("responses/*/*/journal.jsonl"):
+    for journal in store.glob(f"{ANSWERS}/*/{ANSWERS_FILE}"):
         for line in journal.read_text().splitlines():
             try:
                 prompts.add(last_user_message(json.loads(line)))
@@ -176,9 +177,9 @@ def test_kill9_at_random_points(tmp_path, demo_model_dir, transformers_server, t
     assert lost == 0 and duplicates == 0
     assert {"responses", "hidden_shard", "train_segment"} <= stages, stages
     assert draftsmith("verify", "--configfile", str(path)).returncode == 0
-    for journal in store.glob("responses/*/*/journal.jsonl"):
-        ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
-        assert len(ids) == len(set(ids))
+    for journal in store.glob(f"{ANSWERS}/*/{ANSWERS_FILE}"):
+        stored = [json.loads(line)["address"] for line in journal.read_text().splitlines()]
+        assert len(stored) == len(set(stored))
     assert not list(store.rglob(".tmp-*")), "a dead process's temporaries were left behind"
 
 
@@ -351,9 +352,9 @@ def test_two_checkouts_on_an_empty_store_both_finish_and_build_once(tmp_path, de
     outputs = [run.communicate(timeout=900)[0].decode() for run in runs]
     finished = all(r.returncode == 0 for r in runs)
     journals_once = True
-    for journal in store.glob("responses/*/*/journal.jsonl"):
-        ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
-        journals_once &= len(ids) == len(set(ids)) > 0
+    for journal in store.glob(f"{ANSWERS}/*/{ANSWERS_FILE}"):
+        stored = [json.loads(line)["address"] for line in journal.read_text().splitlines()]
+        journals_once &= len(stored) == len(set(stored)) > 0
     keyed = built_by(works)
     once = bool(keyed) and all(len(who) == 1 for who in keyed.values())
     verified = draftsmith("verify", "--configfile", str(works[0] / "config.yaml")).returncode == 0

@@ -12,10 +12,11 @@ import pytest
 from conftest import stand_in_config
 
 from draftsmith import cli
-from draftsmith.store import manifest, migrate
+from draftsmith.formats.responses import Usage, response_record
+from draftsmith.store import answers, atomic, manifest, migrate
 from draftsmith.store.hashing import derive_key
 from draftsmith.store.keys import STAGE_VERSIONS
-from draftsmith.store.plan import FILES, MANIFEST, Artifact, Plan
+from draftsmith.store.plan import FILES, JOURNAL, MANIFEST, Artifact, Plan
 from draftsmith.workflow import configure
 
 # The stage words before the renames, as the store on disk still spells them.
@@ -135,3 +136,53 @@ def test_a_taken_destination_leaves_the_source(plan, old_store, capsys):
     assert f"left     {source} ({plan.train.directory} exists)" in capsys.readouterr().out
     assert snapshot(source) == before
     assert plan.vocab.directory.is_dir() and plan.evaluate.directory.is_dir()
+
+
+# --- answers generated before the answer store ----------------------------------------------
+def old_responses(plan: Plan, dataset: str, texts: list[str], finished: bool = True) -> Path:
+    """A responses artifact as the code before the answer store left it: its records in
+    `journal.jsonl` (a torn tail from a kill) and, when finished, `responses.jsonl` and a manifest."""
+    artifact = plan.responses[dataset]
+    records = [
+        response_record(
+            prompt_id=f"{dataset}-{i:06d}",
+            dataset=dataset,
+            index=i,
+            messages=[{"role": "user", "content": text}],
+            response=f"answer to {text}",
+            finish_reason="stop",
+            usage=Usage(3, 4),
+        )
+        for i, text in enumerate(texts)
+    ]
+    artifact.directory.mkdir(parents=True)
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    (artifact.directory / JOURNAL).write_text(lines + '{"id": "torn')
+    if finished:
+        atomic.write_jsonl(artifact.path("responses"), records)
+        atomic.write_jsonl(artifact.path("bad_rows"), [])
+        files = [artifact.path("responses"), artifact.path("bad_rows")]
+        manifest.write(artifact, artifact.manifest, files, {}, time.time())
+    return artifact.directory
+
+
+def test_old_responses_are_imported_into_the_answer_store_once(plan, capsys):
+    chat = old_responses(plan, "chat", ["Hi.", "Name a fruit."])
+    code = old_responses(plan, "code", ["Name a fruit.", "Write a loop."], finished=False)
+    assert cli.main(["migrate", str(plan.root), "--dry-run"]) == 1  # the unfinished one is left
+    out = capsys.readouterr().out
+    assert f"import   {chat} (2 answers -> {plan.answers['chat']})" in out
+    assert not plan.answers["chat"].exists()
+
+    steps = [str(s) for s in migrate.migrate(plan.root)]
+    assert steps == [
+        f"import   {chat} (2 answers -> {plan.answers['chat']})",
+        f"left     {code} (no manifest: its generation settings are unknown)",
+    ]
+    with answers.opened(plan.answers["chat"]) as store:
+        assert len(store) == 2
+        stored = store.get(answers.address([{"role": "user", "content": "Name a fruit."}]))
+        assert stored["response"] == "answer to Name a fruit."
+    assert answers.read(answers.file_of(plan.answers["chat"])).damaged == []
+    # Looks before it acts: nothing new to import the second time.
+    assert [s.action for s in migrate.migrate(plan.root)] == ["left"]

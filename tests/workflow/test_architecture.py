@@ -115,7 +115,7 @@ HF_NAMES = {plan.EXPORT_FILES["config"], plan.EXPORT_FILES["weights"], plan.FILE
 ARTIFACT_NAMES = (
     {Path(name).name for files in plan.FILES.values() for name in files.values()}
     | set(plan.RESULTS.values())
-    | {plan.MANIFEST, plan.JOURNAL, plan.HASH_CACHE, plan.STAGED}
+    | {plan.MANIFEST, plan.JOURNAL, plan.ANSWERS_FILE, plan.HASH_CACHE, plan.STAGED}
 ) - HF_NAMES
 
 

@@ -1,4 +1,5 @@
-"""kill -9 of Snakemake mid-generation: the job dies with it, the rerun resumes from the journal."""
+"""kill -9 of Snakemake mid-generation: the job dies with it, the rerun resumes from the
+answers already stored."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import pytest
 import yaml
 from conftest import REPO, snakemake_cmd, workflow_config, write_rows
 from fault_proxy import FaultProxy
+
+from draftsmith.store import answers
+from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +48,7 @@ def wait_for(predicate, timeout_s: float, what: str):
 
 
 def kill_mid_generation(workdir: Path, config: dict, env: dict | None = None) -> dict[str, dict]:
-    """Start `snakemake data`, kill -9 it once 3 responses are journaled; returns the journal."""
+    """Start `snakemake data`, kill -9 it once 3 answers are stored; returns them by prompt id."""
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     cmd = snakemake_cmd(workdir, config_path, "merged")
@@ -52,10 +56,13 @@ def kill_mid_generation(workdir: Path, config: dict, env: dict | None = None) ->
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
     )
 
+    ids = {answers.address([{"role": "user", "content": p}]): f"slow-{i:06d}" for i, p in enumerate(PROMPTS)}
+
     def journal() -> dict[str, dict]:
-        found = list(workdir.glob("artifacts/responses/slow/*/journal.jsonl"))
+        found = list(workdir.glob(f"artifacts/{ANSWERS}/*/{ANSWERS_FILE}"))
         lines = found[0].read_text().splitlines() if found else []
-        return {json.loads(line)["id"]: json.loads(line) for line in lines if line.endswith("}")}
+        stored = [json.loads(line) for line in lines if line.endswith("}")]
+        return {ids[a["address"]]: a for a in stored}
 
     try:
         wait_for(lambda: len(journal()) >= 3, 300, "three journaled responses")
@@ -83,13 +90,13 @@ def resume(workdir: Path, config: dict, done: dict[str, dict], env: dict | None 
         assert result.returncode == 0, result.stderr[-3000:]
     log = next((workdir / "logs" / "responses" / "slow").glob("*.log")).read_text()
     left = len(PROMPTS) - len(done)
-    assert f"{len(PROMPTS)} prompts, {len(done)} already in the journal, {left} to generate" in log
+    assert f"{len(PROMPTS)} prompts, {len(done)} already answered in the store, {left} to generate" in log
     out_dir = next(workdir.glob("artifacts/responses/slow/*"))
     records = [json.loads(line) for line in (out_dir / "responses.jsonl").read_text().splitlines()]
     assert [r["id"] for r in records] == [f"slow-{i:06d}" for i in range(len(PROMPTS))]
-    for record_id, record in done.items():  # finished records kept as they were
-        assert record == next(r for r in records if r["id"] == record_id)
-    assert (out_dir / "journal.jsonl").exists()  # kept: a rerun of a finished dataset sends nothing
+    for record_id, answer in done.items():  # stored answers used as they were
+        record = next(r for r in records if r["id"] == record_id)
+        assert record == answers.as_record(answer, record_id, "slow", int(record_id[-6:]))
     return records
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import planned_jobs, snakemake, workflow_config, write_rows
 
+from draftsmith.store.plan import ANSWERS, ANSWERS_FILE, LOCKS
+
 pytestmark = pytest.mark.slow
 
 ALPHA = ["Name a primary colour.", "What is 2 + 2?", "Say hi.", "Name a fruit."]
@@ -75,9 +77,18 @@ def test_adding_dataset_generates_only_it(built):
     added = dict(config, datasets=datasets)
     plan = planned_jobs(snakemake(work, added, "merged", "-n", name="added.yaml"))
     assert plan == {"responses": 1, "tokens": 1, "merged": 1}
+    (store,) = list((work / "artifacts" / ANSWERS).glob(f"*/{ANSWERS_FILE}"))
+    stored = store.read_bytes()
     snakemake(work, added, "merged", name="added.yaml")
     after = artifact_files(work / "artifacts")
-    assert {k: v for k, v in after.items() if k in before} == before  # nothing rewritten
+    # Nothing rewritten but the answer store (and its lock), which gains gamma's answers only.
+    shared = {str(store.relative_to(work / "artifacts")), f"{LOCKS}/{ANSWERS}/{store.parent.name}.lock"}
+    assert {k: v for k, v in after.items() if k in before and k not in shared} == {
+        k: v for k, v in before.items() if k not in shared
+    }
+    assert store.read_bytes().startswith(stored)
+    added_lines = store.read_bytes()[len(stored) :].decode().splitlines()
+    assert sorted(json.loads(line)["messages"][-1]["content"] for line in added_lines) == sorted(GAMMA)
     new = sorted(
         {k.split("/")[1] for k in after if k not in before and k.startswith(("responses", "tokens"))}
     )

@@ -1,11 +1,12 @@
-"""Drive one dataset through a generation backend, resumably.
+"""Drive one dataset through a generation backend, asking only what the answer store lacks.
 
-Finished records go to a journal beside the declared outputs as they complete;
-a rerun after kill -9 or Ctrl-C sends nothing for a sample already in the
-journal. The declared `responses.jsonl` appears atomically, in prompt order,
-only when every prompt is done. The journal is kept: a kill between that write
-and Snakemake's bookkeeping makes Snakemake rerun (and first delete) a finished
-output, and the journal then answers every prompt without a request.
+Answers live in the store's answer store (`store.answers`), addressed by generation key
+and prompt messages and shared by every dataset, key and experiment: a job holds its
+generation key's lock, requests only the prompts with no stored answer (each distinct
+prompt once), and stores each answer as it completes, so a rerun after kill -9 or Ctrl-C
+sends nothing for an answer already stored. The declared `responses.jsonl` is assembled
+from stored answers, atomically, in prompt order, once every prompt is answered; a kill
+between that write and Snakemake's bookkeeping costs a rerun that requests nothing.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from draftsmith.formats.responses import Usage, cost_usd, record_usage
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import TokenRate, progress
 from draftsmith.runtime.resources import responses_gpus
-from draftsmith.store import atomic, manifest
-from draftsmith.store.journal import Journal
-from draftsmith.store.plan import JOURNAL, Artifact, plan_for
+from draftsmith.store import answers, atomic, manifest
+from draftsmith.store.plan import Artifact, plan_for
 from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info
 
 log = logging.getLogger(__name__)
@@ -32,11 +32,16 @@ log = logging.getLogger(__name__)
 
 def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
     """Rule `responses`: the target's answer to every prompt of one dataset."""
-    artifact = plan_for(config).responses[dataset]
+    plan = plan_for(config)
+    artifact = plan.responses[dataset]
     entry = cfg.dataset_settings(config, dataset)
-    # Leased before anything initialises CUDA; held until the last answer is written.
-    with gpus.acquire_gpus(responses_gpus(config, entry["generation"]["backend"])):
-        return _responses(config, dataset, entry, artifact, inputs, outputs, log_file)
+    # The answer store's lock first, so a job waiting for its turn holds no GPU; GPUs are
+    # leased before anything initialises CUDA and held until the last answer is written.
+    with (
+        answers.opened(plan.answers[dataset]) as store,
+        gpus.acquire_gpus(responses_gpus(config, entry["generation"]["backend"])),
+    ):
+        return _responses(config, dataset, entry, artifact, store, inputs, outputs, log_file)
 
 
 def _responses(
@@ -44,6 +49,7 @@ def _responses(
     dataset: str,
     entry: dict,
     artifact: Artifact,
+    store: answers.AnswerStore,
     inputs: dict,
     outputs: dict,
     log_file: str | None,
@@ -66,8 +72,9 @@ def _responses(
     return run(
         dataset=dataset,
         loaded=loaded,
-        backend=make_backend(config, dataset, entry, info, server_log),
+        backend=lambda: make_backend(config, dataset, entry, info, server_log),
         artifact=artifact,
+        store=store,
         outputs=outputs,
         openai_cfg=config["generation"]["openai"],
     )
@@ -98,8 +105,8 @@ class Backend(Protocol):
     def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
         """Generate a record for each prompt and pass it to `emit` as soon as it is done.
 
-        `spent` is the usage already journaled (for budget caps); backends may
-        raise `BudgetReached` to stop cleanly.
+        `spent` is the usage of the dataset's answers already stored (for budget caps);
+        backends may raise `BudgetReached` to stop cleanly.
         """
 
 
@@ -107,44 +114,48 @@ def run(
     *,
     dataset: str,
     loaded: LoadedDataset,
-    backend: Backend,
+    backend: Callable[[], Backend],
     artifact: Artifact,
+    store: answers.AnswerStore,
     outputs: dict,
     openai_cfg: dict,
 ) -> dict:
-    """Generate what the journal lacks, then write `outputs` (responses, bad_rows, manifest)."""
+    """Generate what the answer `store` (held) lacks, then write `outputs` (responses,
+    bad_rows, manifest). `backend` makes the backend, only when there is something to ask."""
     started = time.time()
-    journal = Journal(Path(outputs["responses"]).parent / JOURNAL)
-    if journal.torn_lines:
-        log.warning("journal: dropped %d torn line(s) from an interrupted run", journal.torn_lines)
-    done = [p for p in loaded.prompts if p.id in journal]
-    pending = [p for p in loaded.prompts if p.id not in journal]
+    addresses = {p.id: answers.address(p.messages) for p in loaded.prompts}
+    if store.torn_lines:
+        log.warning("answer store: dropped %d torn line(s) from an interrupted run", store.torn_lines)
+    reused = [p for p in loaded.prompts if addresses[p.id] in store]
+    # One request per distinct prompt: a prompt repeated in the dataset is asked once.
+    pending = list({addresses[p.id]: p for p in loaded.prompts if addresses[p.id] not in store}.values())
     log.info(
-        "%s: %d prompts, %d already in the journal, %d to generate",
+        "%s: %d prompts, %d already answered in the store, %d to generate",
         dataset,
         len(loaded.prompts),
-        len(done),
+        len(reused),
         len(pending),
     )
     spent = Usage()
-    for p in done:
-        spent.add(record_usage(journal.records[p.id]))
+    for p in reused:
+        spent.add(record_usage(store.get(addresses[p.id])))
 
-    bar = progress(len(loaded.prompts), f"generate {dataset}", initial=len(done))
+    bar = progress(len(loaded.prompts), f"generate {dataset}", initial=len(reused))
     rate = TokenRate()
 
     def emit(record: dict) -> None:
-        journal.append(record)
+        # Stored under the address of the prompt as read, whatever the backend echoes.
+        store.put(record, addresses[record["id"]])
         bar.update(1)
         bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
 
     try:
-        backend.generate(pending, emit, spent)
+        if pending:  # nothing to ask: no model loaded, no server started
+            backend().generate(pending, emit, spent)
     finally:
         bar.close()
-        journal.close()
+    records = [answers.as_record(store.get(addresses[p.id]), p.id, dataset, p.index) for p in loaded.prompts]
 
-    records = [journal.records[p.id] for p in loaded.prompts]
     usage = Usage()
     for record in records:
         usage.add(record_usage(record))
@@ -161,6 +172,9 @@ def run(
         "finish_reasons": _count(r["finish_reason"] for r in records),
         "with_token_ids": sum(r["response_token_ids"] is not None for r in records),
         "with_reasoning": sum(bool(r["reasoning"]) for r in records),
+        # Answers requested from the backend by this job, and those found in the answer store.
+        "answers_generated": len(pending),
+        "answers_reused": len(reused),
     }
     manifest.write(artifact, outputs["manifest"], [outputs["responses"], outputs["bad_rows"]], stats, started)
     return stats

@@ -13,6 +13,12 @@ its outputs). It deletes holding that lock exclusively, so a job starting meanwh
 waits. Deleting renames the directory to a temp name first: a crash mid-delete leaves a
 `.tmp-` directory (which nothing takes for an artifact, and the next gc removes), never
 a half-emptied one under its key.
+
+Stored answers (`store.answers`) are collected per generation key: an answer is in use
+when a responses artifact some config plans holds its prompt. A generation key no config
+plans goes whole; in one that is planned, the answers no planned dataset asks for are
+dropped (an atomic rewrite of its file under its lock). While a planned responses artifact
+of a generation key is not built yet, its prompts are unknown and every answer there stays.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.store import atomic, lock
+from draftsmith.store import answers, atomic, lock
 from draftsmith.store.atomic import TMP_PREFIX, fsync_dir, temp_name
 from draftsmith.store.keys import STAGES, is_key
 from draftsmith.store.plan import LOCKS, Plan
@@ -141,3 +148,65 @@ def remove(root: Path, directory: Path, grace_s: float) -> str | None:
         fsync_dir(directory.parent)
     shutil.rmtree(doomed)  # under no key's name now: no lock needed
     return None
+
+
+@dataclass
+class UnusedAnswers:
+    """The stored answers of one generation key that no given config uses."""
+
+    root: Path
+    directory: Path
+    unused: set[str]  # their addresses
+    size: int  # bytes of their lines
+    whole: bool  # no config plans this generation key: its directory goes
+    kept: str | None = None  # why every answer there stays, whatever the configs say
+
+
+def unused_answers(plans: Iterable[Plan]) -> list[UnusedAnswers]:
+    """Per answer store under the plans' roots, the answers none of the plans asks for."""
+    plans = list(plans)
+    found = []
+    for root in sorted({plan.root.resolve() for plan in plans}):
+        for directory in answers.stores(root):
+            users = [
+                plan.responses[name]
+                for plan in plans
+                for name, store in plan.answers.items()
+                if store.resolve() == directory.resolve()
+            ]
+            contents = answers.read(answers.file_of(directory))
+            stored = {a[answers.ADDRESS] for a in contents.answers}
+            unbuilt = [a for a in users if not a.manifest.exists()]
+            if unbuilt:
+                reason = (
+                    f"{unbuilt[0].directory} is planned but not built, so the prompts it needs are unknown"
+                )
+                found.append(UnusedAnswers(root, directory, set(), 0, False, reason))
+                continue
+            used = {
+                answers.address(record["messages"])
+                for artifact in users
+                for record in atomic.read_jsonl(artifact.path("responses"))
+            }
+            unused = stored - used
+            size = sum(contents.sizes[at] for at in unused)
+            found.append(UnusedAnswers(root, directory, unused, size, whole=not users))
+    return found
+
+
+def answers_kept(item: UnusedAnswers, grace_s: float) -> str | None:
+    """Why gc would leave these answers now, or None."""
+    return item.kept or kept(item.root, item.directory, grace_s)
+
+
+def remove_answers(item: UnusedAnswers, grace_s: float) -> str | None:
+    """Delete unused answers unless their store is in use or was written within `grace_s`
+    seconds (then return why they stay): the whole directory when no config plans its key."""
+    if item.kept is not None:
+        return item.kept
+    if item.whole:
+        return remove(item.root, item.directory, grace_s)
+    with claim(item.root, item.directory, grace_s) as reason:
+        if reason is None:
+            answers.rewrite(item.directory, lambda answer: answer[answers.ADDRESS] not in item.unused)
+        return reason

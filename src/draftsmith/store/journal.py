@@ -13,6 +13,20 @@ import os
 from pathlib import Path
 
 
+def complete_records(raw: bytes) -> tuple[list[dict], int]:
+    """The records of a journal's bytes before its first torn line, and where they end."""
+    records, good_end = [], 0
+    for line in raw.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            records.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            break
+        good_end += len(line)
+    return records, good_end
+
+
 class Journal:
     def __init__(self, path: str | os.PathLike, id_field: str = "id") -> None:
         self.path = Path(path)
@@ -26,18 +40,10 @@ class Journal:
 
     def _load(self) -> None:
         raw = self.path.read_bytes()
-        good_end = 0
-        for line in raw.splitlines(keepends=True):
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                self.torn_lines += 1
-                break
-            if not line.endswith(b"\n"):
-                self.torn_lines += 1
-                break
+        records, good_end = complete_records(raw)
+        self.torn_lines = int(good_end != len(raw))
+        for record in records:
             self.records[record[self.id_field]] = record
-            good_end += len(line)
         if good_end != len(raw):
             # Drop the torn tail so new records start on a clean line.
             with open(self.path, "r+b") as handle:

@@ -55,6 +55,18 @@ def hashed_name(label: str) -> str:
     return HASHED_NAMES.get(stage, stage) + slash + rest
 
 
+# The answer store's own version (`store/answers.py`): bump it to generate every answer again.
+ANSWERS_VERSION = 1
+
+
+def answers_key(model_key: str, generation: dict) -> str:
+    """The generation key: what changes an answer besides its prompt, i.e. the target model's
+    key and the semantic generation settings (a responses artifact's `generation` params)."""
+    return derive_key(
+        {"store": "answers", "version": ANSWERS_VERSION, "model": model_key, "generation": generation}
+    )
+
+
 def is_key(name: str) -> bool:
     """Whether a directory name is a key (16 lowercase hex digits)."""
     return len(name) == KEY_LENGTH and all(c in string.hexdigits.lower() for c in name)

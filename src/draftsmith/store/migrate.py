@@ -3,8 +3,16 @@
 The stages `draft_vocab`, `draft` and `eval` are now `vocab`, `train` and `evaluate`,
 and the hidden stage's `plan.json` is now `assignment.json`. Keys did not change (they
 still hash the old names, see `keys.HASHED_NAMES`), so moving whole key directories and
-relabelling manifests is the whole migration. Every step looks before it acts, so a run
-after a crash finishes the job and a run after that finds nothing to do.
+relabelling manifests is the whole migration of the renames.
+
+Answers generated before the answer store (`store.answers`) sit in each responses
+artifact's `journal.jsonl` and `responses.jsonl`; each is imported into the answer store
+of that artifact's generation key (from its manifest's params and model key) under the
+address of its messages, so nothing is generated again. An artifact without a manifest
+(a job that never finished) is left, named: its settings are not recorded.
+
+Every step looks before it acts, so a run after a crash finishes the job and a run after
+that finds nothing to do.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.store import atomic, manifest
-from draftsmith.store.gc import artifact_dirs, key_dirs
+from draftsmith.store import answers, atomic, manifest
+from draftsmith.store.gc import artifact_dirs, dataset_dirs, key_dirs
+from draftsmith.store.journal import complete_records
 from draftsmith.store.keys import HASHED_NAMES
-from draftsmith.store.plan import FILES, MANIFEST
+from draftsmith.store.plan import FILES, JOURNAL, MANIFEST, answer_store
 
 # Old stage word -> current one: the names keys hash are the names the stages had.
 RENAMED = {old: new for new, old in HASHED_NAMES.items()}
@@ -28,7 +37,7 @@ OLD_ASSIGNMENT = "plan.json"
 class Step:
     """One thing the migration does (or, on a dry run, would do); `left` changes nothing."""
 
-    action: str  # move, remove, rewrite or left
+    action: str  # move, remove, rewrite, import or left
     path: Path
     detail: str = ""
 
@@ -50,6 +59,35 @@ def migrate(root: Path, dry_run: bool = False) -> Iterator[Step]:
         step = _relabel(directory / MANIFEST, dry_run)
         if step is not None:
             yield step
+    for dataset in dataset_dirs(root / "responses"):
+        for directory in key_dirs(dataset):
+            step = _import_answers(root, directory, dry_run)
+            if step is not None:
+                yield step
+
+
+def _import_answers(root: Path, directory: Path, dry_run: bool) -> Step | None:
+    """Store the answers of one responses artifact (its journal and its declared records)
+    that its generation key's answer store lacks."""
+    sources = [p for p in (directory / JOURNAL, directory / FILES["responses"]["responses"]) if p.exists()]
+    if not sources:
+        return None
+    if not (directory / MANIFEST).exists():
+        return Step("left", directory, "(no manifest: its generation settings are unknown)")
+    recorded = manifest.read(directory / MANIFEST)
+    store = answer_store(root, recorded["upstream"]["model"], recorded["params"]["generation"])
+    records: dict[str, dict] = {}
+    for source in sources:
+        for record in complete_records(source.read_bytes())[0]:  # a journal's torn tail is no answer
+            records.setdefault(answers.address(record["messages"]), record)
+    present = {a[answers.ADDRESS] for a in answers.read(answers.file_of(store)).answers}
+    new = [at for at in records if at not in present]
+    if new and not dry_run:
+        with answers.opened(store) as opened:
+            new = [at for at in new if at not in opened]  # another process may have stored some
+            for at in new:
+                opened.put(records[at], at)
+    return Step("import", directory, f"({len(new)} answers -> {store})") if new else None
 
 
 def _move_stage(old: Path, new: Path, dry_run: bool, moved: list[Path]) -> Iterator[Step]:

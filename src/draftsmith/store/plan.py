@@ -19,14 +19,18 @@ from pathlib import Path
 from draftsmith import config as cfg
 from draftsmith.errors import InputChangedError
 from draftsmith.store.hashing import HashCache
-from draftsmith.store.keys import STAGES, is_key, stage_key
+from draftsmith.store.keys import STAGES, answers_key, is_key, stage_key
 
 MANIFEST = "manifest.json"
 HASH_CACHE = ".hash-cache.json"
 # Finished shards and training segments wait here (not a declared output) and are
 # hard-linked into place: see `store.staging`.
 STAGED = ".staged"
-JOURNAL = "journal.jsonl"  # generation's resumable state, beside the declared outputs
+JOURNAL = "journal.jsonl"  # a responses artifact's resumable state before the answer store
+# The answer store (`store.answers`): `<artifacts>/answers/<generation key>/answers.jsonl`,
+# every answer generated under one model and generation settings, shared by all datasets.
+ANSWERS = "answers"
+ANSWERS_FILE = "answers.jsonl"
 LOCKS = ".locks"  # one lock file per job that builds into the store (`store.lock`)
 
 # One serving format's directory in an export (`sglang/`, `vllm/`): what a server loads,
@@ -198,6 +202,11 @@ def _content_hashes(params: dict) -> str:
     return ", ".join(found) or "its upstream keys"
 
 
+def answer_store(root: Path, model_key: str, generation: dict) -> Path:
+    """The answer store directory of one model and generation settings (`keys.answers_key`)."""
+    return Path(root) / ANSWERS / answers_key(model_key, generation)
+
+
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
 
@@ -236,6 +245,11 @@ class Plan:
         self.responses = {
             n: keyed(root, "responses", self._response_params(n), {"model": self.model.key}, dataset=n)
             for n in self.generated_datasets
+        }
+        # Where each dataset's answers are stored (datasets with one generation key share it).
+        self.answers = {
+            n: answer_store(root, a.upstream["model"], a.params["generation"])
+            for n, a in self.responses.items()
         }
         self.tokens = {
             n: keyed(

@@ -6,7 +6,8 @@ What is checked:
 - every staged job record (`.staged/*.record.json`: training segments and shards):
   the declared checkpoint and metrics files it put in place;
 - with a plan: every artifact the config builds and every shard, which must exist
-  (a deleted directory is reported, and `snakemake` rebuilds it).
+  (a deleted directory is reported, and `snakemake` rebuilds it);
+- every stored answer (`store.answers`): its own sha256 and its address.
 
 Temporaries (`.tmp-*`: a write in progress, or what a killed job or gc left) are no
 artifacts and are not checked; those of dead processes are reported as stale, for
@@ -14,9 +15,11 @@ artifacts and are not checked; those of dead processes are reported as stale, fo
 
 `--fix` quarantines what is corrupt (each file renamed to `<name>.corrupt`, a staged
 record dropped so nothing re-links the bad bytes) and prints the targets that rebuild
-exactly those artifacts. Inputs of keyed jobs are compared by content, not by
-modification time (`rules/common.smk`), so rebuilding an artifact to the same bytes
-leaves everything downstream as it is: the next plain run has nothing to do.
+exactly those artifacts; it drops damaged stored answers (an atomic rewrite under the
+store's lock), so the next run that asks for them generates only them. Inputs of keyed
+jobs are compared by content, not by modification time (`rules/common.smk`), so
+rebuilding an artifact to the same bytes leaves everything downstream as it is: the next
+plain run has nothing to do.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.formats import shards
-from draftsmith.store import gc, manifest
+from draftsmith.store import answers, gc, manifest
 from draftsmith.store.atomic import TMP_PREFIX
 from draftsmith.store.hashing import sha256_file
 from draftsmith.store.plan import MANIFEST, STAGED, Plan
@@ -172,6 +175,19 @@ def run(root: Path, plan: Plan | None, fix: bool, configfiles: list[str], say=pr
         if fix and not finding.missing:
             quarantine(finding)
             say("  quarantined")
+    damaged, stored = 0, 0
+    for directory in answers.stores(root):
+        contents = answers.read(answers.file_of(directory))
+        stored += len(contents.answers) + len(contents.damaged)
+        if not contents.damaged:
+            continue
+        damaged += len(contents.damaged)
+        say(f"CORRUPT {answers.file_of(directory)}")
+        for number, why in contents.damaged:
+            say(f"  line {number}: {why}")
+        if fix:
+            answers.drop_damaged(directory)
+            say(f"  dropped {len(contents.damaged)} answer(s); the next run generates only them again")
     stale = gc.stale_temps(root)
     for temp in stale:
         say(f"STALE {temp}")
@@ -179,12 +195,14 @@ def run(root: Path, plan: Plan | None, fix: bool, configfiles: list[str], say=pr
         say("  temporaries of processes that died (not artifacts): draftsmith gc --delete removes them")
     corrupt = sum(not f.missing for f in findings)
     counts = f"{checked} checked, {corrupt} corrupt, {len(findings) - corrupt} missing"
+    if stored:
+        counts += f"; {stored} stored answers checked, {damaged} corrupt"
     say(f"verify: {counts}" + (f", {len(stale)} stale temporaries" if stale else ""))
     if findings and (fix or corrupt == 0):
         say("rebuild exactly these with:\n  " + rebuild_command(findings, configfiles))
-    elif corrupt:
+    elif corrupt or (damaged and not fix):
         say("quarantine the corrupt ones and rebuild them: draftsmith verify --fix")
-    return 1 if findings else 0
+    return 1 if findings or damaged else 0
 
 
 def main(plan: Plan, log_file: str, configfiles: list[str]) -> None:
