@@ -161,10 +161,13 @@ def _describe(plan: Plan, artifact: Artifact) -> dict:
 
 
 def _built(plan: Plan, artifact: Artifact) -> bool:
-    # Hidden states have no manifest of their own: each shard's index is one.
-    if artifact.stage == "hidden":
-        indexes = [plan.shard(name) for name in plan.shard_names]
-        return all(p.exists() for p in [artifact.path("assignment"), *indexes])
+    # The states store has no manifest of its own (each shard's index is one): the mix's
+    # view is built when it and every shard it reads exist.
+    if artifact is plan.states:
+        return artifact.directory.is_dir()
+    if artifact is plan.hidden:
+        indexes = [plan.shard(name) for name in plan.mix_shard_names()]
+        return all(p.exists() for p in [artifact.manifest, *indexes])
     return artifact.manifest.exists()
 
 
