@@ -2,7 +2,7 @@
 
 `plan` lists what a config asks for and what of it is built, `verify` re-hashes
 artifacts against their manifests, `gc` lists (and deletes) what no config plans, and
-`migrate` brings a store from before the stage renames into the current layout.
+`migrate` brings an older store (stage renames, per-mix hidden states) into the current layout.
 Configs are read as Snakemake reads them: `config.yaml` unless `--configfile` is given,
 several `--configfile` merged in order (the later wins).
 """
@@ -75,7 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         "a directory a running job holds is always left",
     )
 
-    move = _command(commands, "migrate", _migrate, "move a store to the current stage names", configs)
+    move = _command(
+        commands,
+        "migrate",
+        _migrate,
+        "bring an older store into the current layout (no forward pass)",
+        configs,
+    )
     move.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
     move.add_argument("--dry-run", action="store_true", help="print the steps without taking them")
     return parser
