@@ -82,16 +82,19 @@ def _link_states(hidden: Path, dry_run: bool) -> Iterator[Step]:
     params = {k: v for k, v in record["params"].items() if k != "num_shards"}
     store = hidden.parent / stage_key("hidden", params, {"model": record["upstream"]["model"]})
     for index in sorted(hidden.glob(f"shard-*{SHARD_SUFFIXES['index']}")):
-        yield _link_shard(hidden, index.stem, store, dry_run)
+        step = _link_shard(hidden, index.stem, store, dry_run)
+        if step is not None:
+            yield step
 
 
-def _link_shard(hidden: Path, old_name: str, store: Path, dry_run: bool) -> Step:
+def _link_shard(hidden: Path, old_name: str, store: Path, dry_run: bool) -> Step | None:
+    """Link one old shard into `store`; None when it is there already (its index is written last)."""
     reader = shards.ShardReader(hidden, old_name)
     rows = [(sample_address(s.input_ids.numpy(), s.loss_mask.numpy()), s) for s in reader]
     name = shard_name([address for address, _ in rows])
     target = shard_path(store, name)
     if target.exists():
-        return Step("left", hidden / old_name, f"({target} exists)")
+        return None
     if not dry_run:
         samples = shard_samples_path(store, name)
         if not samples.exists():
