@@ -131,3 +131,23 @@ def test_batches_respect_the_token_budget_and_keep_every_sample():
     for batch in out:
         assert len(batch) == 1 or len(batch) * len(batch[0].input_ids) <= 64
         assert len(batch[0].input_ids) == max(len(s.input_ids) for s in batch)
+
+
+def test_two_assigners_at_once_never_assign_a_sample_twice(tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "artifacts"
+    store = root / "hidden" / "0123456789abcdef"
+    rows = [sample(i, 2 + i % 5) for i in range(40)]
+    mixes = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    atomic.write_jsonl(mixes[0], rows[:30])  # two mixes sharing 20 samples
+    atomic.write_jsonl(mixes[1], rows[10:])
+    code = "import sys; from pathlib import Path; from draftsmith.hidden import assign; "
+    code += "assign.build_locked(*map(Path, sys.argv[1:4]), num_shards=3)"
+    workers = [subprocess.Popen([sys.executable, "-c", code, str(root), str(store), str(m)]) for m in mixes]
+    assert [worker.wait(60) for worker in workers] == [0, 0]
+    assigned = [r["address"] for p in (store / "samples").glob("*.jsonl") for r in atomic.read_jsonl(p)]
+    assert len(assigned) == len(set(assigned)) == 40  # each sample in exactly one shard
+    for mix in mixes:  # and each mix, planned again, finds every sample assigned
+        assert assign.build(mix, store, num_shards=3)["new_shards"] == []

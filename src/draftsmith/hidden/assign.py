@@ -20,7 +20,7 @@ import heapq
 import json
 from pathlib import Path
 
-from draftsmith.store import atomic
+from draftsmith.store import atomic, lock
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import SHARD_SAMPLES, SHARD_SUFFIXES, shard_name, shard_samples_path
 
@@ -56,9 +56,21 @@ def claimed(store: Path, done: set[str]) -> dict[str, tuple[str, int]]:
     return found
 
 
+def build_locked(root: Path, store: Path, merged_path: Path, num_shards: int) -> dict:
+    """`build` under the store's locks: its directory lock, shared (gc never removes a store
+    being assigned into), then its assign lock (one assigner at a time, in any checkout or
+    on any host that shares the store's locks: no sample is assigned twice)."""
+    with (
+        lock.shared(lock.directory_lock(root, store)),
+        lock.held(lock.lock_path(root, store / SHARD_SAMPLES)),
+    ):
+        return build(merged_path, store, num_shards)
+
+
 def build(merged_path: Path, store: Path, num_shards: int) -> dict:
     """The mix's view (sample id -> address -> shard) and the extraction it still needs;
-    writes the samples of each new shard into the store. Call under the assign lock."""
+    writes the samples of each new shard into the store. Call under the assign lock
+    (`build_locked`)."""
     stored = finished(store)
     pending = claimed(store, set(stored.values()))
     view, lengths, new = [], {}, {}

@@ -15,9 +15,9 @@ from draftsmith.hidden import assign, estimate
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import progress
 from draftsmith.runtime.resources import hidden_gpus
-from draftsmith.store import atomic, lock, manifest
+from draftsmith.store import atomic, manifest
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import SHARD_SAMPLES, plan_for, shard_name
+from draftsmith.store.plan import plan_for, shard_name
 from draftsmith.store.staging import Staged
 from draftsmith.target import layers
 from draftsmith.target.load import load_model, model_info
@@ -35,8 +35,9 @@ def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | Non
     started = time.time()
     plan = plan_for(config)
     store = plan.states.directory
-    with lock.held(lock.lock_path(plan.root, store / SHARD_SAMPLES)):
-        assignment = assign.build(Path(inputs["merged"]), store, config["extract"]["num_shards"])
+    assignment = assign.build_locked(
+        plan.root, store, Path(inputs["merged"]), config["extract"]["num_shards"]
+    )
     assignment.update(states_key=plan.states.key, merged_key=plan.merged.key, model_key=plan.model.key)
     figures = _estimate(config, assignment, model_info(inputs["model"]), store)
     estimate.check_disk(
