@@ -146,14 +146,13 @@ def main() -> None:
         entry["path"] = str(copied)
     for entry in base["evaluate"]["prompt_sets"].values():
         entry["path"] = str(REPO / entry["path"])
-    table = [run(work, base, "full run (default config)")]
-    for name, make in changes(work, base).items():
-        table.append(run(work, make(), name))
     columns = ["change", "hidden_shard jobs", "tokens forwarded", "bytes written to hidden/"]
     columns += ["mix samples", "samples the store lacked", "wall s"]
     print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for r in table:
+    print("|" + "---|" * len(columns), flush=True)
+    runs = {"full run (default config)": lambda: base, **changes(work, base)}
+    for name, make in runs.items():  # each row as it is measured
+        r = run(work, make(), name)
         cells = [
             r["change"],
             r["jobs"],
@@ -163,7 +162,7 @@ def main() -> None:
             r["missing"],
             r["seconds"],
         ]
-        print("| " + " | ".join(map(str, cells)) + " |")
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
     if args.keep is None:
         shutil.rmtree(work)
 
