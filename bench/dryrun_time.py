@@ -84,9 +84,13 @@ def shard_jobs(output: str) -> int:
 
 
 def assigned(raw: dict, shards: int) -> None:
-    """What `hidden_assign` leaves when it assigns `shards` new shards: the view and
-    each shard's samples file."""
+    """What the data stages and `hidden_assign` leave when it assigns `shards` new shards:
+    their outputs (empty files), the view and each shard's samples file."""
     plan = configure(raw)
+    for artifact in [plan.model, *plan.responses.values(), *plan.tokens.values(), plan.merged]:
+        for path in map(Path, artifact.outputs.values()):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir() if path.name == "hf" else path.touch()
     names = [f"shard-{i:016x}" for i in range(shards)]
     plan.hidden.directory.mkdir(parents=True)
     plan.hidden.path("assignment").write_text(json.dumps({"shards": names, "samples": []}))
