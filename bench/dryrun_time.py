@@ -23,6 +23,7 @@ import yaml
 from draftsmith.workflow import configure
 
 REPO = Path(__file__).resolve().parents[1]
+SAMPLES = 40_114
 
 
 def config(work: Path, shards: int) -> dict:
@@ -93,7 +94,9 @@ def assigned(raw: dict, shards: int) -> None:
             path.mkdir() if path.name == "hf" else path.touch()
     names = [f"shard-{i:016x}" for i in range(shards)]
     plan.hidden.directory.mkdir(parents=True)
-    plan.hidden.path("assignment").write_text(json.dumps({"shards": names, "samples": []}))
+    # As many samples as the production run this project was born from, over the shards.
+    samples = [[f"d{i % 10}-{i:06d}", f"{i:064x}", names[i % shards]] for i in range(SAMPLES)]
+    plan.hidden.path("assignment").write_text(json.dumps({"shards": names, "samples": samples}))
     plan.hidden.manifest.write_text("{}")
     for name in names:
         plan.shard_samples(name).parent.mkdir(parents=True, exist_ok=True)
