@@ -62,7 +62,8 @@ rule all:
     default_target: True
     input:
         rules.merged.output,
-        rules.hidden.input,
+        mix_shards,
+        str(PLAN.result("estimate_md")),
         rules.train.output,
         rules.export.output,
         rules.report_html.output,

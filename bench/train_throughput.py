@@ -26,6 +26,8 @@ from safetensors.torch import save_file
 
 from draftsmith.draft.vocab import build
 from draftsmith.formats.shards import ShardWriter
+from draftsmith.store.hashing import sample_address
+from draftsmith.store.plan import shard_name
 from draftsmith.train import loop as train
 
 SHAPES = {
@@ -62,21 +64,32 @@ def make_target(root: Path, shape: str) -> None:
     save_file(tensors, str(root / "model.safetensors"))
 
 
-def make_shards(root: Path, shape: str, samples: int, length: int, shards: int, dtype: str) -> list[str]:
+def make_shards(root: Path, shape: str, samples: int, length: int, shards: int, dtype: str) -> Path:
+    """A states store of `shards` shards and a mix's view of it (sample i in shard i % shards);
+    returns the view's path."""
     hidden, _, _, _, vocab, _ = SHAPES[shape]
     torch_dtype = getattr(torch, dtype)
     g = torch.Generator().manual_seed(1)
-    names = [f"shard-{i:05d}" for i in range(shards)]
-    for s, name in enumerate(names):
+    view = []
+    for s in range(shards):
+        rows = []
+        for i in range(s, samples, shards):
+            n = length - (i * 37) % (length // 4)  # varied lengths
+            ids = torch.randint(0, 2000, (n,), generator=g)
+            mask = (torch.arange(n) > n // 3).to(torch.uint8)
+            rows.append((f"s-{i:06d}", sample_address(ids.numpy(), mask.numpy()), ids, mask))
+        name = shard_name([address for _, address, _, _ in rows])
         with ShardWriter(root, name, mode="raw", hidden_size=hidden, dtype=dtype, meta={}) as writer:
-            for i in range(s, samples, shards):
-                n = length - (i * 37) % (length // 4)  # varied lengths
-                ids = torch.randint(0, 2000, (n,), generator=g)
-                mask = (torch.arange(n) > n // 3).to(torch.uint8)
+            for sample_id, address, ids, mask in rows:
+                n = len(ids)
                 aux = torch.randn(n, 3 * hidden, generator=g).to(torch_dtype)
                 final = torch.randn(n, hidden, generator=g).to(torch_dtype)
-                writer.add(f"s-{i:06d}", ids.tolist(), mask.tolist(), aux, final)
-    return names
+                writer.add(address, ids.tolist(), mask.tolist(), aux, final)
+                view.append([sample_id, address, name])
+    view.sort()
+    path = root / "assignment.json"
+    path.write_text(json.dumps({"samples": view, "shards": sorted({row[2] for row in view})}))
+    return path
 
 
 def matmul_tflops() -> float:
@@ -97,7 +110,7 @@ def synthetic_spec(work: Path, args: argparse.Namespace, autocast: str | None, c
     training autocasts, float32 otherwise) and a draft vocabulary, all under `work`."""
     make_target(work / "target", args.shape)
     shard_dtype = "bfloat16" if autocast else "float32"
-    names = make_shards(work / "hidden", args.shape, args.samples, args.length, 2, shard_dtype)
+    assignment = make_shards(work / "hidden", args.shape, args.samples, args.length, 2, shard_dtype)
     vocab = build(Counter(range(2000)), args.draft_vocab, SHAPES[args.shape][4])
     save_file(vocab, str(work / "vocab.safetensors"))
     settings = {
@@ -123,7 +136,7 @@ def synthetic_spec(work: Path, args: argparse.Namespace, autocast: str | None, c
         "key": "bench",
         "hf_dir": str(work / "target"),
         "hidden_dir": str(work / "hidden"),
-        "shard_names": names,
+        "assignment": str(assignment),
         "vocab": str(work / "vocab.safetensors"),
         "train": settings,
     }

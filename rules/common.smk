@@ -1,13 +1,15 @@
 # Shared helpers for the rules: every artifact path comes from the artifact plan
 # (PLAN, src/draftsmith/store/plan.py); this file only adds what input functions need.
 
+import json
+
 from draftsmith.config import dataset_name_pattern
 
 
 wildcard_constraints:
     dataset=dataset_name_pattern(),
     key="[0-9a-f]{16}",
-    shard="shard-[0-9]{5}",
+    shard="shard-[0-9a-f]{16}",
     segment="[0-9]{5}",
 
 
@@ -55,7 +57,32 @@ MERGED = str(PLAN.merged.path("train"))
 MERGED_RESPONSES = [
     str(PLAN.responses[n].path("responses")) for n in PLAN.merged_datasets
 ]
-FIRST_SHARD = str(PLAN.shard(PLAN.shard_names[0]))
+
+
+_VIEWS = {}
+
+
+def mix_shard_names():
+    """The stored shards holding the mix's samples, known once `hidden_assign` ran. The
+    view is parsed once per version of the file: several rules ask, and a production
+    view lists every sample."""
+    view = Path(checkpoints.hidden_assign.get().output.assignment)
+    stat = view.stat()
+    version = (str(view), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if version not in _VIEWS:
+        _VIEWS[version] = json.loads(view.read_text())["shards"]
+    return _VIEWS[version]
+
+
+def mix_shards(_wildcards):
+    """Index and data files of every stored shard the mix reads."""
+    names = mix_shard_names()
+    return [str(PLAN.shard(n, part)) for n in names for part in ("index", "bin")]
+
+
+def first_shard(_wildcards):
+    """One shard index of the mix: its meta records the aux layers."""
+    return str(PLAN.shard(mix_shard_names()[0]))
 
 
 def model_source_input(_wildcards):

@@ -8,7 +8,7 @@ rule export:
             model=MODEL_INFO,
             weights=str(PLAN.train.path("weights")),
             config=str(PLAN.train.path("config")),
-            shard=FIRST_SHARD,
+            shard=first_shard,
         ),
     output:
         **built(PLAN.export.outputs),

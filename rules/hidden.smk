@@ -1,11 +1,13 @@
-# Hidden states: a fixed number of shards (from config), so a dry run shows every
-# extraction job before any data exists. `hidden_assign` spreads the samples over the
-# shards, `hidden_estimate` reports bytes, hours and free disk (results/, not keyed: it
-# describes this machine), `hidden_shard` writes one shard per job; a crash loses at
-# most the shards being written. Logic: src/draftsmith/hidden/.
+# Hidden states: one states store per model and extraction settings (PLAN.states), each
+# sample stored once whatever mix holds it. `hidden_assign` (a checkpoint) writes the
+# mix's view and assigns only the samples the store lacks to new shards, so the shard
+# jobs are known once it ran (a dry run before shows the assign job alone);
+# `hidden_estimate` reports tokens to forward, bytes, hours and free disk (results/, not
+# keyed: it describes this machine); `hidden_shard` writes one stored shard per job; a
+# crash loses at most the shards being written. Logic: src/draftsmith/hidden/.
 
 
-rule hidden_assign:
+checkpoint hidden_assign:
     input:
         **by_content(
             model=MODEL_INFO,
@@ -48,8 +50,7 @@ rule hidden_shard:
     input:
         **by_content(
             model=MODEL_INFO,
-            merged=MERGED,
-            assignment=str(PLAN.hidden.path("assignment")),
+            samples=str(PLAN.shard_samples("{shard}")),
         ),
     output:
         **built(
@@ -59,9 +60,9 @@ rule hidden_shard:
             }
         ),
     log:
-        f"{LOGS}/hidden_shard/{PLAN.hidden.key}/{{shard}}.log",
+        f"{LOGS}/hidden_shard/{PLAN.states.key}/{{shard}}.log",
     benchmark:
-        f"benchmarks/hidden_shard/{PLAN.hidden.key}/{{shard}}.tsv"
+        f"benchmarks/hidden_shard/{PLAN.states.key}/{{shard}}.tsv"
     conda:
         "../envs/gpu.yaml"
     threads: 2
@@ -76,5 +77,5 @@ rule hidden_shard:
 
 rule hidden:
     input:
-        [str(PLAN.shard(name)) for name in PLAN.shard_names],
+        mix_shards,
         str(PLAN.result("estimate_md")),

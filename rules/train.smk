@@ -9,8 +9,8 @@ rule train_segment:
         **by_content(
             model=MODEL_INFO,
             vocab=str(PLAN.vocab.path("vocab")),
-            shards=[str(PLAN.shard(name)) for name in PLAN.shard_names],
-            bins=[str(PLAN.shard(name, "bin")) for name in PLAN.shard_names],
+            assignment=str(PLAN.hidden.path("assignment")),
+            shards=mix_shards,
             previous=previous_checkpoint,
         ),
     output:
@@ -44,7 +44,7 @@ rule train:
             checkpoint=str(PLAN.checkpoint(PLAN.num_segments - 1)),
             metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
             vocab_info=str(PLAN.vocab.path("info")),
-            shard=FIRST_SHARD,
+            shard=first_shard,
         ),
     output:
         **built(PLAN.train.outputs),

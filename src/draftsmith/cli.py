@@ -2,8 +2,9 @@
 
 `plan` lists what a config asks for and what of it is built, `verify` re-hashes
 artifacts against their manifests and stored answers against their own hashes, `gc`
-lists (and deletes) what no config plans or uses, and `migrate` brings a store from
-before the stage renames or the answer store into the current layout.
+lists (and deletes) what no config plans or uses, and `migrate` brings an older store
+(stage renames, answers before the answer store, per-mix hidden states) into the current
+layout.
 Configs are read as Snakemake reads them: `config.yaml` unless `--configfile` is given,
 several `--configfile` merged in order (the later wins).
 """
@@ -80,8 +81,14 @@ def _parser() -> argparse.ArgumentParser:
         "a directory a running job holds is always left",
     )
 
-    upgrade = "move a store to the current stage names and import its answers into the answer store"
-    move = _command(commands, "migrate", _migrate, upgrade, configs)
+    move = _command(
+        commands,
+        "migrate",
+        _migrate,
+        "bring an older store into the current layout: stage names, the answer store, "
+        "the states store (no answer generated, no forward pass)",
+        configs,
+    )
     move.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
     move.add_argument("--dry-run", action="store_true", help="print the steps without taking them")
     return parser
@@ -167,10 +174,13 @@ def _describe(plan: Plan, artifact: Artifact) -> dict:
 
 
 def _built(plan: Plan, artifact: Artifact) -> bool:
-    # Hidden states have no manifest of their own: each shard's index is one.
-    if artifact.stage == "hidden":
-        indexes = [plan.shard(name) for name in plan.shard_names]
-        return all(p.exists() for p in [artifact.path("assignment"), *indexes])
+    # The states store has no manifest of its own (each shard's index is one): the mix's
+    # view is built when it and every shard it reads exist.
+    if artifact is plan.states:
+        return artifact.directory.is_dir()
+    if artifact is plan.hidden:
+        indexes = [plan.shard(name) for name in plan.mix_shard_names()]
+        return all(p.exists() for p in [artifact.manifest, *indexes])
     return artifact.manifest.exists()
 
 

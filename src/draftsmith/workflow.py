@@ -8,26 +8,12 @@ path at fault.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
 from draftsmith.evaluate.settings import check_config as check_evaluate
-from draftsmith.formats.datasets import JSONL_SUFFIXES
 from draftsmith.search.grid import check_config as check_search
 from draftsmith.serve_bench.command import check_config as check_serve_bench
 from draftsmith.store.plan import Plan, plan_for
-
-
-def _rows(path: Path, limit: int) -> int:
-    """Non-empty lines of a JSONL file, counting no further than `limit`."""
-    count = 0
-    with open(path, "rb") as handle:
-        for line in handle:
-            if count >= limit:
-                break
-            count += bool(line.strip())
-    return count
 
 
 def configure(config: dict, source: str = "config") -> Plan:
@@ -43,7 +29,6 @@ def configure(config: dict, source: str = "config") -> Plan:
             raise ConfigError(f"{source}: {exc}") from None
     plan = plan_for(config)
     _check_shared_sources(config, plan, source)
-    _check_shards(config, plan.merged_datasets, source)
     return plan
 
 
@@ -67,26 +52,3 @@ def _check_shared_sources(config: dict, plan: Plan, source: str) -> None:
                 "but one, or set shared_source: true on each of them if that is meant (e.g. "
                 "other generation settings)"
             )
-
-
-def _check_shards(config: dict, merged: list[str], source: str) -> None:
-    """Refuse more shards than the merged data can have samples, when the sources say so
-    up front (JSONL rows, `max_samples`, merge caps); the shard assignment checks the exact
-    count later."""
-    shards = config["extract"]["num_shards"]
-    most = 0
-    for name in merged:
-        entry = cfg.dataset_settings(config, name)
-        path = Path(entry["path"])
-        if not path.is_file() or path.suffix.lower() not in JSONL_SUFFIXES:
-            return  # a count needs the data: the shard assignment checks it
-        caps = [n for n in (entry["max_samples"], config["merge"]["caps"].get(name)) if n is not None]
-        # Every dry run pays this: stop reading once the shards are known to be fillable.
-        most += _rows(path, min([*caps, shards - most]))
-        if most >= shards:
-            return
-    if shards > most:
-        raise ConfigError(
-            f"{source}: extract.num_shards: {shards} shards, but the merged datasets hold at most "
-            f"{most} samples; set num_shards to at most that"
-        )

@@ -265,7 +265,6 @@ BAD_INPUTS = {
     "unknown key": (lambda c: c.update(trian={}), "trian"),
     "unknown device": (lambda c: c["generation"]["hf"].update(device="tpu"), "generation.hf.device"),
     "no prompt sets": (lambda c: c["evaluate"].update(prompt_sets={}), "evaluate.prompt_sets: empty"),
-    "too many shards": (lambda c: c["extract"].update(num_shards=500), "extract.num_shards: 500 shards"),
     "warmup past the end": (lambda c: c["train"].update(warmup_steps=99), "train.warmup_steps (99)"),
     "wrong type": (lambda c: c["train"].update(total_steps="six"), "train.total_steps"),
     "unknown format": (lambda c: c["datasets"]["facts"].update(format="csv"), "datasets.facts.format"),

@@ -182,10 +182,14 @@ def fixture_data_report(costs: tuple[float, float] = (0.0, 0.0)) -> dict:
 
 def fixture_estimate() -> dict:
     assignment = {
-        "num_tokens": 2048,
-        "num_samples": 20,
-        "num_shards": 2,
-        "shards": [{"num_tokens": 1024}] * 2,
+        "num_tokens": 2560,
+        "num_samples": 24,
+        "stored_samples": 4,
+        "to_extract": {
+            "shard-a": {"samples": 10, "tokens": 1024},
+            "shard-b": {"samples": 10, "tokens": 1024},
+        },
+        "extract_tokens": 2048,
     }
     extract = {"storage": "raw", "throughput_tok_s": None}
     return estimate.estimate(assignment, 64, "float32", extract, Path("."))
@@ -355,10 +359,10 @@ def test_summary_holds_the_input_numbers():
     assert "k (draft tokens per verify step) in 1, 2, 3" in text
     # Data totals: 2 datasets, 24 rows, 2 bad rows, 20 merged, 2,100 tokens, 601 supervised.
     assert table_row(section(text, "Data"), "2")[:6] == ["2", "24", "2", "20", "2,100", "601"]
-    # Estimate: 2 shards, 20 samples, 2,048 tokens stored raw.
+    # Estimate: 2 shards to extract, 24 samples of which 4 stored, 2,048 tokens to forward, raw.
     estimate_row = table_row(section(text, "Hidden-state estimate"), "2")
     stored = f"{fixture_estimate()['bytes_needed'] / 1e9:.3f} GB"
-    assert estimate_row[:5] == ["2", "20", "2,048", "raw", stored]
+    assert estimate_row[:6] == ["2", "24", "4", "2,048", "raw", stored]
     # Training: 8 steps of 300 tokens; end figures per TTT position from the last step.
     training = section(text, "Training")
     assert table_row(training, "8")[:3] == ["8", "2.00", "2,400"]

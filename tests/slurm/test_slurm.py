@@ -163,7 +163,7 @@ def slurm_run(slurm_node, tmp_path_factory, demo_model_dir) -> Outcome:
     assert first.wait() != 0, "the run with a cancelled job must fail"
     assert local_run.wait(timeout=900) == 0, (local / "run.out").read_text()[-4000:]
     time.sleep(2)  # srun's tasks get SIGTERM then SIGKILL from slurmd
-    finished = [plan.checkpoint(0), *(plan.shard(n, "bin") for n in plan.shard_names)]
+    finished = [plan.checkpoint(0), *(plan.shard(n, "bin") for n in plan.mix_shard_names())]
     kept = snapshot(finished)
     ranks_left = train_ranks()
     other = tmp_path_factory.mktemp("second")
@@ -226,11 +226,11 @@ def test_gpu_rules_carry_their_gpu_request(slurm_run):
     config = copy.deepcopy(slurm_run.config)
     config["extract"]["device"] = config["train"]["device"] = "cuda"
     plan = plan_of(config)
-    expected = {f"rule_hidden_shard/{name}": 1 for name in plan.shard_names}
+    expected = {f"rule_hidden_shard/{name}": 1 for name in plan.mix_shard_names()}
     expected[f"rule_train_segment/{segment_name(0)}"] = 2
     jobs: dict[str, int] = {}
     # One rule forced per run: forcing the shards as well drops the segment from the DAG.
-    shards = [str(plan.shard(name, "bin")) for name in plan.shard_names]
+    shards = [str(plan.shard(name, "bin")) for name in plan.mix_shard_names()]
     for rule, targets in (("hidden_shard", shards), ("train_segment", [str(plan.checkpoint(0))])):
         run = SlurmRun.start(slurm_run.work, config, *targets, "--forcerun", rule, name=f"gpu-{rule}")
         assert run.wait() == 0, run.text()[-4000:]

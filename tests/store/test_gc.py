@@ -105,8 +105,21 @@ def test_gc_lists_only_what_no_config_plans(tmp_path, configs, capsys):
     assert cli.main(["gc", "--configfile", str(paths["first"])]) == 0
     only_second = {a.directory for a in plans[1].artifacts} - {a.directory for a in plans[0].artifacts}
     assert {a.stage for a in plans[1].artifacts if a.directory in only_second} >= {"merged", "train"}
+    # Another shuffle of the same samples reads the same states store; only its view is its own.
+    assert plans[1].states.directory not in only_second and plans[1].hidden.directory in only_second
     assert listed(capsys.readouterr().out) == set(strays) | only_second
     assert set(root.rglob("*")) - {root / HASH_CACHE} == before  # listing writes nothing, no lock file
+
+
+def test_gc_lists_a_states_store_no_config_extracts_into(tmp_path, configs, capsys):
+    other = copy.deepcopy(configs["first"]) | {"extract": {"storage": "fp8"}}
+    plans = [configure(copy.deepcopy(c)) for c in [*configs.values(), other]]
+    build_store(plans)
+    age(plans[0].root, 3600)
+    paths = config_files(tmp_path, configs)
+    assert cli.main(["gc", "--configfile", str(paths["first"]), "--configfile", str(paths["second"])]) == 0
+    unused = listed(capsys.readouterr().out)
+    assert plans[2].states.directory in unused and plans[0].states.directory not in unused
 
 
 def test_gc_delete_removes_exactly_the_unreferenced(tmp_path, configs, capsys):

@@ -1,5 +1,6 @@
 """draftsmith.store.migrate and `draftsmith migrate`: a store written under the old stage
-names ends up exactly where today's plan looks, manifests relabelled, keys unchanged."""
+names ends up exactly where today's plan looks, manifests relabelled, keys unchanged; a
+per-mix hidden-state directory's shards are linked into their states store."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from conftest import stand_in_config
 from draftsmith import cli
 from draftsmith.formats.responses import Usage, response_record
 from draftsmith.store import answers, atomic, manifest, migrate
-from draftsmith.store.hashing import derive_key
+from draftsmith.store.hashing import derive_key, sample_address
 from draftsmith.store.keys import STAGE_VERSIONS
-from draftsmith.store.plan import FILES, JOURNAL, MANIFEST, Artifact, Plan
+from draftsmith.store.plan import FILES, JOURNAL, MANIFEST, Artifact, Plan, shard_name
 from draftsmith.workflow import configure
 
 # The stage words before the renames, as the store on disk still spells them.
@@ -44,6 +45,8 @@ def old_key(artifact: Artifact) -> str:
 
 def write_old(plan: Plan, artifact: Artifact) -> Path:
     """The artifact as the code before the renames wrote it (a manifest last, dated long ago)."""
+    if artifact is plan.states:
+        return artifact.directory  # no states store before: hidden states were kept per mix
     dataset = artifact.directory.parent.relative_to(plan.root / artifact.stage)
     directory = plan.root / old_label(artifact.stage) / dataset / old_key(artifact)
     if artifact.stage == "hidden":
@@ -186,3 +189,66 @@ def test_old_responses_are_imported_into_the_answer_store_once(plan, capsys):
     assert answers.read(answers.file_of(plan.answers["chat"])).damaged == []
     # Looks before it acts: nothing new to import the second time.
     assert [s.action for s in migrate.migrate(plan.root)] == ["left"]
+
+
+def write_per_mix_states(plan: Plan, samples: list[dict]) -> Path:
+    """Hidden states as the code before states stores kept them: `hidden/<key of model, mix and
+    settings>/` with shards whose rows name sample ids, and the stage's manifest."""
+    import torch
+
+    from draftsmith.formats.shards import ShardWriter
+
+    upstream = {"model": plan.model.key, "merged": plan.merged.key}
+    params = {**plan.states.params, "num_shards": 2}
+    old = Artifact("hidden", params, upstream, plan.root / "hidden" / "0123456789abcdef", "0123456789abcdef")
+    for s in range(2):
+        name = f"shard-{s:05d}"
+        with ShardWriter(
+            old.directory, name, mode="raw", hidden_size=4, dtype="float32", meta={"shard": name}
+        ) as w:
+            for r in samples[s::2]:
+                n = len(r["input_ids"])
+                states = torch.arange(n * 16, dtype=torch.float32).reshape(n, 16) + s
+                w.add(r["id"], r["input_ids"], r["loss_mask"], states[:, :12], states[:, 12:])
+    (old.directory / "assignment.json").write_text("{}")
+    manifest.write(old, old.directory / MANIFEST, [old.directory / "assignment.json"], {}, time.time())
+    return old.directory
+
+
+def test_per_mix_shards_are_linked_into_the_states_store_with_no_forward_pass(plan, tmp_path):
+    from draftsmith.formats.shards import ShardReader
+    from draftsmith.hidden import assign
+    from draftsmith.store import atomic
+
+    samples = [
+        {
+            "id": f"d-{i:06d}",
+            "input_ids": list(range(i, i + 3 + i % 3)),
+            "loss_mask": [0, 1, 1] + [1] * (i % 3),
+        }
+        for i in range(7)
+    ]
+    old = write_per_mix_states(plan, samples)
+    steps = list(migrate.migrate(plan.root, dry_run=True))
+    assert [s.action for s in steps if s.action == "link"] == ["link", "link"]
+    assert not plan.states.directory.exists()  # the dry run took no step
+    steps = list(migrate.migrate(plan.root))
+    assert [s.action for s in steps] == ["link", "link"]
+    store = plan.states.directory
+    indexes = sorted(store.glob("shard-*.json"))
+    assert len(indexes) == 2
+    for index in indexes:
+        reader = ShardReader(store, index.stem)
+        original = ShardReader(old, json.loads(index.read_text())["meta"]["migrated_from"])
+        assert reader.verify() == [] and reader.bin_path.stat().st_ino == original.bin_path.stat().st_ino
+        for k, sample in enumerate(reader):
+            assert sample.id == sample_address(sample.input_ids.numpy(), sample.loss_mask.numpy())
+            assert sample.aux.equal(original[k].aux) and sample.final.equal(original[k].final)
+        kept = list(atomic.read_jsonl(plan.shard_samples(index.stem)))
+        assert shard_name([r["address"] for r in kept]) == index.stem
+    # A second run has nothing to do; the mix, planned now, forwards no token.
+    assert list(migrate.migrate(plan.root)) == []
+    merged = tmp_path / "train.jsonl"
+    atomic.write_jsonl(merged, samples)
+    view = assign.build(merged, store, num_shards=4)
+    assert view["extract_tokens"] == 0 and view["new_shards"] == [] and view["stored_samples"] == 7

@@ -407,6 +407,31 @@ def train_keys(plan: Plan) -> dict:
     return {"hidden": plan.hidden.key, "draft_vocab": plan.vocab.key, "draft": plan.train.key}
 
 
+def test_the_states_store_is_keyed_by_what_determines_a_samples_states(base, plan_of):
+    plan = plan_of(base)
+    store = plan.states.key
+    assert plan.states.directory.parent == plan.hidden.directory.parent  # one stage word: hidden
+    for section, change in [
+        ("merge", {"seed": 5}),
+        ("merge", {"caps": {"math": 1}}),
+        ("extract", {"num_shards": 9}),
+        ("experiment", "renamed"),
+        ("datasets", {k: v for k, v in base["datasets"].items() if k != "math"}),
+    ]:
+        changed = copy.deepcopy(base)
+        changed[section] = change
+        assert plan_of(changed).states.key == store, section
+    for setting in (
+        {"storage": "fp8"},
+        {"dtype": "bfloat16"},
+        {"aux_layers": {"convention": "output_of_layer", "ids": [1, 2, 3]}},
+        {"backend": "sglang"},
+    ):
+        changed = copy.deepcopy(base)
+        changed["extract"] = setting
+        assert plan_of(changed).states.key != store, setting
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -461,7 +486,9 @@ def test_upstream_data_moves_vocab_and_draft(base, plan_of):
     after = train_keys(plan_of(base))
     assert all(after[k] != before[k] for k in before)
     base["merge"] = {"seed": 0}
-    base["extract"] = {"num_shards": 9}
+    base["extract"] = {"num_shards": 9}  # how new states are cut into shards changes no key
+    assert train_keys(plan_of(base)) == before
+    base["extract"] = {"storage": "fp8"}  # other states: the draft trains on other data
     moved = train_keys(plan_of(base))
     assert moved["draft_vocab"] == before["draft_vocab"]  # the vocabulary reads the merged data, not shards
     assert moved["hidden"] != before["hidden"] and moved["draft"] != before["draft"]

@@ -20,6 +20,8 @@ from draftsmith.draft.vocab import build, count_supervised
 from draftsmith.formats.merged import held_out_ids, id_fraction
 from draftsmith.formats.shards import ShardWriter
 from draftsmith.runtime import slurm
+from draftsmith.store.hashing import sample_address
+from draftsmith.store.plan import shard_name
 from draftsmith.target import load as target
 from draftsmith.target.layers import AuxLayers
 from draftsmith.train import data as train_data
@@ -49,13 +51,14 @@ NUM_SHARDS = 2
 
 
 @pytest.fixture(scope="module")
-def hidden(tmp_path_factory, demo_model_dir) -> tuple[Path, list[str], list[dict]]:
-    """Two shards of real demo-model states (3 aux layers + final) for the texts above."""
+def hidden(tmp_path_factory, demo_model_dir) -> tuple[Path, Path, list[dict]]:
+    """A states store of two shards of real demo-model states (3 aux layers + final) for
+    the texts above, and a mix's view of it (`assignment.json`). The shards also hold a
+    sample of another mix (the last text), which this mix does not train on."""
     model = target.load_model(demo_model_dir, "float32")
     tokenizer = target.load_tokenizer(demo_model_dir)
     aux = AuxLayers.default(model.config.num_hidden_layers)
     out = tmp_path_factory.mktemp("hidden")
-    names = [f"shard-{i:05d}" for i in range(NUM_SHARDS)]
     samples = []
     for i, (prompt, reply) in enumerate(TEXTS):
         prompt_ids = tokenizer(prompt + "\n")["input_ids"]
@@ -67,16 +70,29 @@ def hidden(tmp_path_factory, demo_model_dir) -> tuple[Path, list[str], list[dict
                 "loss_mask": [0] * len(prompt_ids) + [1] * len(reply_ids),
             }
         )
-    for s, name in enumerate(names):
+    for sample in samples:
+        sample["address"] = sample_address(sample["input_ids"], sample["loss_mask"])
+    view = []
+    for s in range(NUM_SHARDS):
+        rows = samples[s::NUM_SHARDS]
+        name = shard_name([r["address"] for r in rows])
         with ShardWriter(out, name, mode="raw", hidden_size=576, dtype="float32", meta={}) as writer:
-            for sample in samples[s::NUM_SHARDS]:
+            for sample in rows:
                 with torch.no_grad():
                     states = model(
                         torch.tensor([sample["input_ids"]]), output_hidden_states=True
                     ).hidden_states
                 aux_states = torch.cat([states[k][0] for k in aux.hf_hidden_states], dim=-1)
-                writer.add(sample["id"], sample["input_ids"], sample["loss_mask"], aux_states, states[-1][0])
-    return out, names, samples
+                writer.add(
+                    sample["address"], sample["input_ids"], sample["loss_mask"], aux_states, states[-1][0]
+                )
+                view.append([sample["id"], sample["address"], name])
+    mix = samples[:-1]  # the last sample is another mix's
+    order = {r["id"]: k for k, r in enumerate(mix)}
+    view = sorted((row for row in view if row[0] in order), key=lambda row: order[row[0]])
+    assignment = out / "assignment.json"
+    assignment.write_text(json.dumps({"samples": view, "shards": sorted({row[2] for row in view})}))
+    return out, assignment, mix
 
 
 def train_settings(**overrides) -> dict:
@@ -106,7 +122,7 @@ def train_settings(**overrides) -> dict:
 
 @pytest.fixture
 def spec(hidden, demo_model_dir, tmp_path) -> dict:
-    directory, names, samples = hidden
+    directory, assignment, samples = hidden
     settings = train_settings()
     held = held_out_ids([s["id"] for s in samples], settings["val_fraction"])
     counts = count_supervised(s for s in samples if s["id"] not in held)
@@ -118,7 +134,7 @@ def spec(hidden, demo_model_dir, tmp_path) -> dict:
         "key": "0123456789abcdef",
         "hf_dir": str(demo_model_dir),
         "hidden_dir": str(directory),
-        "shard_names": names,
+        "assignment": str(assignment),
         "vocab": str(vocab_path),
         "train": settings,
     }
@@ -133,8 +149,8 @@ def read_records(path: Path) -> list[dict]:
 
 
 def test_split_and_epoch_plan_are_deterministic(hidden, spec):
-    directory, names, samples = hidden
-    data = TrainData(directory, names, val_fraction=0.15, seed=0, batch_tokens=96)
+    directory, assignment, samples = hidden
+    data = TrainData(directory, assignment, val_fraction=0.15, seed=0, batch_tokens=96)
     ids = {s["id"] for s in samples}
     held = held_out_ids(ids, 0.15)
     assert held and held == {i for i in ids if id_fraction(i) < 0.15}
@@ -143,9 +159,36 @@ def test_split_and_epoch_plan_are_deterministic(hidden, spec):
     seen = [item for batch in plan for item in batch]
     assert sorted(seen) == sorted(data.train_items)  # every training sample once per epoch
     assert all(max(data.lengths[i] for i in b) * len(b) <= 96 for b in plan)
-    other = TrainData(directory, names, val_fraction=0.15, seed=0, batch_tokens=96)
+    other = TrainData(directory, assignment, val_fraction=0.15, seed=0, batch_tokens=96)
     assert other.epoch_batches(0) == plan and other.epoch_batches(1) != plan
-    assert TrainData(directory, names, val_fraction=0.15, seed=1, batch_tokens=96).epoch_batches(0) != plan
+    assert (
+        TrainData(directory, assignment, val_fraction=0.15, seed=1, batch_tokens=96).epoch_batches(0) != plan
+    )
+    # Each item reads its own sample, wherever it is stored; the batch mixes the shards.
+    batch = data.collate(plan[0])
+    for r, item in enumerate(plan[0]):
+        n = data.lengths[item]
+        assert batch.input_ids[r, :n].tolist() == samples[item]["input_ids"]
+        assert batch.loss_mask[r, :n].tolist() == samples[item]["loss_mask"]
+    assert len({data.where[k][0] for k in seen}) == NUM_SHARDS
+
+
+def test_a_stored_row_that_is_not_the_mix_sample_is_refused(hidden, tmp_path):
+    import shutil
+
+    directory, assignment, samples = hidden
+    store = tmp_path / "store"
+    shutil.copytree(directory, store)
+    view = json.loads(assignment.read_text())
+    _, address, shard = view["samples"][0]
+    index = json.loads((store / f"{shard}.json").read_text())
+    offset = next(row for row in index["samples"] if row[0] == address)[2][0]  # its input_ids blob
+    data = bytearray((store / f"{shard}.bin").read_bytes())
+    data[offset] ^= 0x01
+    (store / f"{shard}.bin").write_bytes(bytes(data))
+    train_data_ = TrainData(store, assignment, val_fraction=0.0, seed=0, batch_tokens=96)
+    with pytest.raises(train_data.TrainDataError, match=f"is not sample {samples[0]['id']}"):
+        train_data_.collate([0])
 
 
 def _fill(batches: list[list], lengths: dict) -> float:

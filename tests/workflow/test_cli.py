@@ -68,13 +68,15 @@ def test_plan_reports_what_is_built(tmp_path, config, capsys):
     plan.model.path("info").parent.mkdir(parents=True)
     plan.model.path("info").write_text("{}")
     manifest.write(plan.model, plan.model.manifest, [plan.model.path("info")], {}, time.time())
-    # Hidden states are built once the assignment and every shard index exist.
+    # A mix's view of the hidden states is built once it and every shard it names exist.
     plan.hidden.directory.mkdir(parents=True)
-    plan.hidden.path("assignment").write_text("{}")
+    plan.hidden.path("assignment").write_text(json.dumps({"shards": ["shard-0123456789abcdef"]}))
+    plan.hidden.manifest.write_text("{}")
     assert {r["stage"] for r in plan_json(capsys, path) if r["built"]} == {"model"}
-    for name in plan.shard_names:
-        plan.shard(name).write_text("{}")
-    assert {r["stage"] for r in plan_json(capsys, path) if r["built"]} == {"model", "hidden"}
+    plan.states.directory.mkdir(parents=True)
+    plan.shard("shard-0123456789abcdef").write_text("{}")
+    built = [(r["stage"], r["key"]) for r in plan_json(capsys, path) if r["built"]]
+    assert built == [("model", plan.model.key), ("hidden", plan.states.key), ("hidden", plan.hidden.key)]
 
 
 def test_later_configfiles_win(tmp_path, config, capsys):

@@ -337,20 +337,6 @@ def test_evaluation_without_prompt_sets_is_refused_before_any_work(raw):
     cfg.validate(raw)
 
 
-def test_more_shards_than_the_data_can_fill_is_refused_before_any_work(raw, monkeypatch, tmp_path):
-    from draftsmith.workflow import configure
-
-    monkeypatch.chdir(REPO)  # the default config's dataset paths are relative to the checkout
-    raw["artifacts_dir"] = str(tmp_path / "artifacts")
-    raw.setdefault("extract", {})["num_shards"] = 10_000
-    with pytest.raises(
-        ConfigError, match=r"extract.num_shards: 10000 shards, but the merged datasets hold at most"
-    ):
-        configure(copy.deepcopy(raw))
-    raw["extract"]["num_shards"] = 4
-    configure(raw)
-
-
 def test_evaluate_trees_default_and_bad_trees_are_refused_with_their_key_path(raw, monkeypatch, tmp_path):
     from draftsmith.workflow import configure
 

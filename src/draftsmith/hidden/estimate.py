@@ -1,5 +1,6 @@
-"""The hidden-state estimate: tokens, bytes per storage mode, hours and free disk,
-written before any extraction runs, and the disk check every extraction job repeats."""
+"""The hidden-state estimate: the extraction a mix still needs (tokens to forward through
+the target and bytes to write, for the samples the states store lacks), hours and free
+disk, written before any extraction runs, and the disk check every extraction job repeats."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ def free_bytes(path: Path) -> int:
 def estimate(assignment: dict, hidden_size: int, dtype: str, extract_cfg: dict, out_root: Path) -> dict:
     from draftsmith.formats.shards import bytes_per_token
 
-    tokens = assignment["num_tokens"]
+    tokens = assignment["extract_tokens"]
     storage = {mode: round(tokens * bytes_per_token(hidden_size, dtype, mode)) for mode in MODES}
     rate = extract_cfg["throughput_tok_s"]
     return {
-        "shards": assignment["num_shards"],
         "samples": assignment["num_samples"],
+        "mix_tokens": assignment["num_tokens"],
+        "stored_samples": assignment["stored_samples"],
+        "shards_to_extract": len(assignment["to_extract"]),
         "tokens": tokens,
-        "tokens_per_shard": [s["num_tokens"] for s in assignment["shards"]],
         "hidden_size": hidden_size,
         "dtype": dtype,
         "storage_mode": extract_cfg["storage"],
@@ -56,15 +58,12 @@ def markdown(rep: dict, experiment: str) -> str:
     gb = {mode: f"{b / 1e9:.3f} GB" for mode, b in rep["bytes_by_mode"].items()}
     hours = "n/a (set extract.throughput_tok_s)" if rep["estimated_hours"] is None else rep["estimated_hours"]
     rows = [
-        ("shards", rep["shards"]),
-        ("samples", f"{rep['samples']:,}"),
-        ("tokens", f"{rep['tokens']:,}"),
-        (
-            "tokens per shard (min/max)",
-            f"{min(rep['tokens_per_shard']):,} / {max(rep['tokens_per_shard']):,}",
-        ),
+        ("samples in the mix (tokens)", f"{rep['samples']:,} ({rep['mix_tokens']:,})"),
+        ("distinct samples already stored", f"{rep['stored_samples']:,}"),
+        ("shards to extract", rep["shards_to_extract"]),
+        ("tokens to forward", f"{rep['tokens']:,}"),
         ("hidden size, dtype", f"{rep['hidden_size']}, {rep['dtype']}"),
-        *((f"bytes on disk, {mode}", size) for mode, size in gb.items()),
+        *((f"bytes to write, {mode}", size) for mode, size in gb.items()),
         ("storage mode chosen", rep["storage_mode"]),
         ("free disk", human_size(rep["free_bytes"])),
         ("estimated hours", hours),

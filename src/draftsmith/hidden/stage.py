@@ -1,5 +1,6 @@
-"""Hidden states: rules `hidden_assign` (samples per shard), `hidden_estimate` (bytes,
-hours, free disk) and `hidden_shard` (one job per shard)."""
+"""Hidden states: rules `hidden_assign` (the mix's view of the states store, the samples
+it lacks assigned to new shards), `hidden_estimate` (tokens to forward, bytes, hours,
+free disk) and `hidden_shard` (one job per stored shard)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import progress
 from draftsmith.runtime.resources import hidden_gpus
 from draftsmith.store import atomic, manifest
-from draftsmith.store.plan import plan_for
+from draftsmith.store.hashing import sample_address
+from draftsmith.store.plan import plan_for, shard_name
 from draftsmith.store.staging import Staged
 from draftsmith.target import layers
 from draftsmith.target.load import load_model, model_info
@@ -27,13 +29,17 @@ log = logging.getLogger(__name__)
 
 
 def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """Spread the merged samples over the configured shard count; refuse a plan the disk
-    cannot hold before any shard job starts."""
+    """The mix's view of the states store and the shards it still needs (`hidden.assign`),
+    under the store's assign lock; refuse extraction the disk cannot hold before any shard
+    job starts."""
     started = time.time()
     plan = plan_for(config)
-    assignment = assign.build(Path(inputs["merged"]), config["extract"]["num_shards"], plan.shard_names)
-    assignment.update(hidden_key=plan.hidden.key, merged_key=plan.merged.key, model_key=plan.model.key)
-    figures = _estimate(config, assignment, model_info(inputs["model"]), plan.hidden.directory)
+    store = plan.states.directory
+    assignment = assign.build_locked(
+        plan.root, store, Path(inputs["merged"]), config["extract"]["num_shards"]
+    )
+    assignment.update(states_key=plan.states.key, merged_key=plan.merged.key, model_key=plan.model.key)
+    figures = _estimate(config, assignment, model_info(inputs["model"]), store)
     estimate.check_disk(
         figures["bytes_needed"],
         figures["free_bytes"],
@@ -41,16 +47,27 @@ def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | Non
         f"extraction of {figures['tokens']:,} tokens ({figures['storage_mode']})",
     )
     atomic.write_json(outputs["assignment"], assignment)
-    stats = {k: assignment[k] for k in ("num_shards", "num_samples", "num_tokens")}
+    stats = {
+        k: assignment[k]
+        for k in ("num_samples", "num_tokens", "distinct_samples", "stored_samples", "extract_tokens")
+    }
     manifest.write(plan.hidden, outputs["manifest"], [Path(outputs["assignment"])], stats, started)
+    log.info(
+        "%d of %d distinct samples stored; %d tokens to forward in %d shards (%d new)",
+        assignment["stored_samples"],
+        assignment["distinct_samples"],
+        assignment["extract_tokens"],
+        len(assignment["to_extract"]),
+        len(assignment["new_shards"]),
+    )
     return assignment
 
 
 def hidden_estimate(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """`snakemake hidden_estimate`: shards, tokens, bytes per storage mode, hours, free disk."""
+    """`snakemake hidden_estimate`: what extraction still forwards and writes, hours, free disk."""
     plan = plan_for(config)
     assignment = json.loads(Path(inputs["assignment"]).read_text())
-    figures = _estimate(config, assignment, model_info(inputs["model"]), plan.hidden.directory)
+    figures = _estimate(config, assignment, model_info(inputs["model"]), plan.states.directory)
     atomic.write_json(outputs["json"], figures)
     atomic.write_text(outputs["md"], estimate.markdown(figures, config["experiment"]))
     log.info("estimate: %s", json.dumps(figures))
@@ -63,40 +80,43 @@ def _estimate(config: dict, assignment: dict, info: dict, hidden_dir: Path) -> d
 
 
 def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """One shard: aux and final states of its samples, verified while written.
+    """One stored shard: aux and final states of the samples assigned to it, verified while
+    written.
 
     Written under `.staged/` and linked into place (`store.staging`): after a kill only
     unfinished shards are computed again."""
     # torch loads here, not in the assign and estimate jobs that share this module.
     from draftsmith.formats.shards import ShardWriter, bytes_per_token
-    from draftsmith.hidden.hf import AuxCapture, extract
+    from draftsmith.hidden.hf import AuxCapture, MergedSample, extract
 
     extract_cfg = config["extract"]
     plan = plan_for(config)
-    staged = Staged([outputs["bin"], outputs["index"]], shard, {"key": plan.hidden.key})
+    staged = Staged([outputs["bin"], outputs["index"]], shard, {"key": plan.states.key})
     if staged.reuse():
         return json.loads(Path(outputs["index"]).read_text())
-    entry = next(
-        s for s in json.loads(Path(inputs["assignment"]).read_text())["shards"] if s["name"] == shard
-    )
-    samples = _shard_samples(Path(inputs["merged"]), entry["samples"])
+    samples = [
+        MergedSample(row["address"], row["input_ids"], row["loss_mask"])
+        for row in atomic.read_jsonl(inputs["samples"])
+    ]
+    _check_names(samples, shard, Path(inputs["samples"]))
+    tokens = sum(len(s.input_ids) for s in samples)
     info = model_info(inputs["model"])
     dtype = extract_cfg["dtype"] or config["model"]["dtype"]
     aux = layers.config_aux_layers(extract_cfg, info["num_hidden_layers"])
-    needed = entry["num_tokens"] * bytes_per_token(info["hidden_size"], dtype, extract_cfg["storage"])
+    needed = tokens * bytes_per_token(info["hidden_size"], dtype, extract_cfg["storage"])
     out = Path(outputs["bin"]).parent
     estimate.check_disk(round(needed), estimate.free_bytes(out), extract_cfg["allow_disk_overcommit"], shard)
     backend = extract_cfg["backend"]
     meta = {
         "layers": aux.as_manifest(),
         "model_key": plan.model.key,
-        "data_key": plan.merged.key,
-        "hidden_key": plan.hidden.key,
+        "states_key": plan.states.key,
         "shard": shard,
         "backend": backend,
         "device": extract_cfg["device"],
+        "sample_ids": "addresses (store.hashing.sample_address)",
     }
-    bar = progress(entry["num_tokens"], f"extract {shard}", unit="tok")
+    bar = progress(tokens, f"extract {shard}", unit="tok")
     staged.start()
     with (
         gpus.acquire_gpus(hidden_gpus(config)),
@@ -129,36 +149,30 @@ def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file
             )
     bar.close()
     index = json.loads(staged.path(outputs["index"]).read_text())
-    _check_counts(index, entry, shard)
+    _check_counts(index, samples, tokens, shard)
     staged.finish({index["bin"]["name"]: index["bin"]["sha256"]})  # hashed while written
-    log.info("%s: %d samples, %d tokens", shard, len(samples), entry["num_tokens"])
+    log.info("%s: %d samples, %d tokens forwarded", shard, len(samples), tokens)
     return json.loads(Path(outputs["index"]).read_text())
 
 
-def _shard_samples(merged: Path, wanted: list[str]) -> list[MergedSample]:
-    from draftsmith.hidden.hf import MergedSample
-
-    chosen = set(wanted)
-    found = {
-        s["id"]: MergedSample(s["id"], s["input_ids"], s["loss_mask"])
-        for s in atomic.read_jsonl(merged)
-        if s["id"] in chosen
-    }
-    missing = chosen - set(found)
-    if missing:
-        raise DataError(f"the shard assignment names samples it lacks: {sorted(missing)[:5]}", path=merged)
-    return [found[i] for i in wanted]
+def _check_names(samples: list[MergedSample], shard: str, path: Path) -> None:
+    """The samples file holds what its shard's name says, each row under its own address."""
+    for sample in samples:
+        if sample_address(sample.input_ids, sample.loss_mask) != sample.id:
+            raise DataError(f"a sample is not stored under its address {sample.id}", path=path)
+    if shard_name([s.id for s in samples]) != shard:
+        raise DataError(f"the samples do not make up shard {shard} (its name is their hash)", path=path)
 
 
-def _check_counts(index: dict, entry: dict, shard: str) -> None:
+def _check_counts(index: dict, samples: list[MergedSample], tokens: int, shard: str) -> None:
     """The written shard holds exactly the assigned samples and tokens."""
     from draftsmith.hidden.hf import ExtractionError
 
     ids = sorted(row[0] for row in index["samples"])
-    if ids != sorted(entry["samples"]) or index["num_tokens"] != entry["num_tokens"]:
+    if ids != sorted(s.id for s in samples) or index["num_tokens"] != tokens:
         raise ExtractionError(
             f"{shard}: wrote {len(ids)} samples / {index['num_tokens']} tokens, "
-            f"the assignment has {len(entry['samples'])} / {entry['num_tokens']}"
+            f"the assignment has {len(samples)} / {tokens}"
         )
 
 

@@ -99,8 +99,10 @@ def _data(report: dict) -> str:
 
 
 def _estimate(report: dict) -> str:
-    headers = ["shards", "samples", "tokens", "storage", "bytes on disk", "free disk", "estimated hours"]
-    row = [fmt(report["shards"]), fmt(report["samples"]), fmt(report["tokens"]), report["storage_mode"]]
+    headers = ["shards to extract", "samples", "already stored", "tokens to forward", "storage"]
+    headers += ["bytes to write", "free disk", "estimated hours"]
+    row = [fmt(report["shards_to_extract"]), fmt(report["samples"]), fmt(report["stored_samples"])]
+    row += [fmt(report["tokens"]), report["storage_mode"]]
     row += [f"{report['bytes_needed'] / 1e9:.3f} GB", f"{report['free_bytes'] / 1e9:.2f} GB"]
     row += [fmt(report["estimated_hours"])]
     return table(headers, [row])

@@ -29,6 +29,18 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sample_address(input_ids: Any, loss_mask: Any) -> str:
+    """A sample's address in a hidden-state store: sha256 of its token ids (int32
+    little-endian) then its loss mask (one byte per token). The states depend on the ids
+    alone; the mask is part of the stored row, so a sample whose mask differs is another
+    row. Lists, numpy arrays and CPU tensors give the same address."""
+    import numpy as np
+
+    digest = hashlib.sha256(np.asarray(input_ids, dtype="<i4").tobytes())
+    digest.update(np.asarray(loss_mask, dtype=np.uint8).tobytes())
+    return digest.hexdigest()
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

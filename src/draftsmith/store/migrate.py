@@ -1,15 +1,21 @@
-"""Bring a store written before the stage renames into the current layout, in place.
+"""Bring an older store into the current layout, in place, with no forward pass.
 
-The stages `draft_vocab`, `draft` and `eval` are now `vocab`, `train` and `evaluate`,
-and the hidden stage's `plan.json` is now `assignment.json`. Keys did not change (they
-still hash the old names, see `keys.HASHED_NAMES`), so moving whole key directories and
-relabelling manifests is the whole migration of the renames.
-
-Answers generated before the answer store (`store.answers`) sit in each responses
-artifact's `journal.jsonl` and `responses.jsonl`; each is imported into the answer store
-of that artifact's generation key (from its manifest's params and model key) under the
-address of its messages, so nothing is generated again. An artifact without a manifest
-(a job that never finished) is left, named: its settings are not recorded.
+- Stage renames: `draft_vocab`, `draft` and `eval` are now `vocab`, `train` and
+  `evaluate`, and the hidden stage's `plan.json` is now `assignment.json`. Those keys did
+  not change (they still hash the old names, see `keys.HASHED_NAMES`), so moving whole
+  key directories and relabelling manifests is that part.
+- Answer store: answers generated before it (`store.answers`) sit in each responses
+  artifact's `journal.jsonl` and `responses.jsonl`; each is imported into the answer store
+  of that artifact's generation key (from its manifest's params and model key) under the
+  address of its messages, so nothing is generated again. An artifact without a manifest
+  (a job that never finished) is left, named: its settings are not recorded.
+- States stores: hidden states were kept per mix (`hidden/<key of model, mix and
+  settings>/shard-NNNNN.*`); they are now kept per sample in one store per model and
+  extraction settings (`hidden.assign`). Each old shard is linked into its states store
+  under its new name (the hash of its samples' addresses, computed from the ids and masks
+  the shard holds), with its samples file and an index whose rows name addresses; the
+  `.bin` is a hard link, so no byte of states is copied or recomputed. The old directory
+  stays until `draftsmith gc` removes it (no config plans it any more).
 
 Every step looks before it acts, so a run after a crash finishes the job and a run after
 that finds nothing to do.
@@ -22,11 +28,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.formats import shards
 from draftsmith.store import answers, atomic, manifest
 from draftsmith.store.gc import artifact_dirs, dataset_dirs, key_dirs
+from draftsmith.store.hashing import sample_address
 from draftsmith.store.journal import complete_records
-from draftsmith.store.keys import HASHED_NAMES
-from draftsmith.store.plan import FILES, JOURNAL, MANIFEST, answer_store
+from draftsmith.store.keys import HASHED_NAMES, stage_key
+from draftsmith.store.plan import (
+    FILES,
+    JOURNAL,
+    MANIFEST,
+    SHARD_SUFFIXES,
+    answer_store,
+    shard_name,
+    shard_path,
+    shard_samples_path,
+)
 
 # Old stage word -> current one: the names keys hash are the names the stages had.
 RENAMED = {old: new for new, old in HASHED_NAMES.items()}
@@ -37,7 +54,7 @@ OLD_ASSIGNMENT = "plan.json"
 class Step:
     """One thing the migration does (or, on a dry run, would do); `left` changes nothing."""
 
-    action: str  # move, remove, rewrite, import or left
+    action: str  # move, remove, rewrite, import, link or left
     path: Path
     detail: str = ""
 
@@ -65,6 +82,9 @@ def migrate(root: Path, dry_run: bool = False) -> Iterator[Step]:
             if step is not None:
                 yield step
 
+    for hidden in key_dirs(root / "hidden"):
+        yield from _link_states(hidden, dry_run)
+
 
 def _import_answers(root: Path, directory: Path, dry_run: bool) -> Step | None:
     """Store the answers of one responses artifact (its journal and its declared records)
@@ -88,6 +108,59 @@ def _import_answers(root: Path, directory: Path, dry_run: bool) -> Step | None:
             for at in new:
                 opened.put(records[at], at)
     return Step("import", directory, f"({len(new)} answers -> {store})") if new else None
+
+
+def _old_states(hidden: Path) -> dict | None:
+    """The manifest of a hidden-state directory of the per-mix layout, or None."""
+    try:
+        record = manifest.read(hidden / MANIFEST)
+    except (OSError, ValueError):
+        return None
+    return record if record.get("params", {}).get("num_shards") is not None else None
+
+
+def _link_states(hidden: Path, dry_run: bool) -> Iterator[Step]:
+    """Link a per-mix directory's shards into the states store of its model and settings."""
+    record = _old_states(hidden)
+    if record is None:
+        return
+    params = {k: v for k, v in record["params"].items() if k != "num_shards"}
+    store = hidden.parent / stage_key("hidden", params, {"model": record["upstream"]["model"]})
+    for index in sorted(hidden.glob(f"shard-*{SHARD_SUFFIXES['index']}")):
+        step = _link_shard(hidden, index.stem, store, dry_run)
+        if step is not None:
+            yield step
+
+
+def _link_shard(hidden: Path, old_name: str, store: Path, dry_run: bool) -> Step | None:
+    """Link one old shard into `store`; None when it is there already (its index is written last)."""
+    reader = shards.ShardReader(hidden, old_name)
+    rows = [(sample_address(s.input_ids.numpy(), s.loss_mask.numpy()), s) for s in reader]
+    name = shard_name([address for address, _ in rows])
+    target = shard_path(store, name)
+    if target.exists():
+        return None
+    if not dry_run:
+        samples = shard_samples_path(store, name)
+        if not samples.exists():
+            atomic.write_jsonl(
+                samples,
+                (
+                    {"address": a, "input_ids": s.input_ids.tolist(), "loss_mask": s.loss_mask.tolist()}
+                    for a, s in sorted(rows, key=lambda row: row[0])
+                ),
+            )
+        data = shard_path(store, name, "bin")
+        if not data.exists():
+            os.link(reader.bin_path, data)
+        index = dict(reader.manifest)
+        index["bin"] = {**index["bin"], "name": data.name}
+        index["meta"] = {**index["meta"], "shard": name, "states_key": store.name, "migrated_from": old_name}
+        index["samples"] = [
+            [address, *row[1:]] for (address, _), row in zip(rows, index["samples"], strict=True)
+        ]
+        atomic.write_text(target, shards.manifest_text(index))  # the index last: the shard is whole
+    return Step("link", hidden / old_name, f"-> {target}")
 
 
 def _move_stage(old: Path, new: Path, dry_run: bool, moved: list[Path]) -> Iterator[Step]:

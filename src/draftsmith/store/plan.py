@@ -12,13 +12,14 @@ key hashed (`Artifact`), so the two cannot drift.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith import config as cfg
 from draftsmith.errors import InputChangedError
-from draftsmith.store.hashing import HashCache
+from draftsmith.store.hashing import HashCache, sha256_bytes
 from draftsmith.store.keys import STAGES, answers_key, is_key, stage_key
 
 MANIFEST = "manifest.json"
@@ -54,6 +55,9 @@ FILES: dict[str, dict[str, str]] = {
     "serve_bench": {"json": "serve_benchmark.json", "md": "serve_benchmark.md"},
 }
 SHARD_SUFFIXES = {"bin": ".bin", "index": ".json"}  # one hidden-state shard's two files
+# In a states store (`hidden/<states key>/`), each shard's samples (address, input_ids,
+# loss_mask), written when the shard is assigned and read by the job that extracts it.
+SHARD_SAMPLES = "samples"
 
 # Unkeyed files under results/<experiment>/: they describe this machine or this run.
 RESULTS = {
@@ -207,8 +211,18 @@ def answer_store(root: Path, model_key: str, generation: dict) -> Path:
     return Path(root) / ANSWERS / answers_key(model_key, generation)
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}"
+def shard_name(addresses: list[str]) -> str:
+    """A shard's name from its samples' addresses: two checkouts that assign the same
+    missing samples name the shard alike."""
+    return f"shard-{sha256_bytes(chr(10).join(sorted(addresses)).encode())[:16]}"
+
+
+def shard_path(store: Path, name: str, part: str = "index") -> Path:
+    return store / f"{name}{SHARD_SUFFIXES[part]}"
+
+
+def shard_samples_path(store: Path, name: str) -> Path:
+    return store / SHARD_SAMPLES / f"{name}.jsonl"
 
 
 def segment_name(index: int) -> str:
@@ -268,7 +282,11 @@ class Plan:
             {f"tokens/{n}": self.tokens[n].key for n in self.merged_datasets},
         )
         data = {"model": self.model.key, "merged": self.merged.key}
-        self.hidden = keyed(root, "hidden", self._hidden_params(), data)
+        # The states store: every sample's states under what determines them (the model
+        # and the extraction settings), whatever mix it came from. The mix's view (which
+        # stored shard holds each of its samples) is keyed by the store and the mix.
+        self.states = keyed(root, "hidden", self._hidden_params(), {"model": self.model.key})
+        self.hidden = keyed(root, "hidden", {}, {"states": self.states.key, "merged": self.merged.key})
         train = self.config["train"]
         self.vocab = keyed(
             root,
@@ -280,7 +298,12 @@ class Plan:
             root,
             "train",
             {k: train[k] for k in SEMANTIC_TRAIN},
-            {"model": self.model.key, "hidden": self.hidden.key, "vocab": self.vocab.key},
+            {
+                "model": self.model.key,
+                "states": self.states.key,
+                "merged": self.merged.key,
+                "vocab": self.vocab.key,
+            },
         )
         self.export = keyed(root, "export", self._export_params(), {"train": self.train.key})
         self.evaluate = keyed(
@@ -314,6 +337,7 @@ class Plan:
             *self.responses.values(),
             *self.tokens.values(),
             self.merged,
+            self.states,
             self.hidden,
             self.vocab,
             self.train,
@@ -332,7 +356,8 @@ class Plan:
             "search": cfg.search_enabled(self.config),
             "serve_bench": self.config["serve_benchmark"]["enabled"],
         }
-        return [a for a in self.artifacts if enabled.get(a.stage, True)]
+        # The states store has no manifest: each shard's index is its own (`shard`).
+        return [a for a in self.artifacts if enabled.get(a.stage, True) and a is not self.states]
 
     @property
     def generated_datasets(self) -> list[str]:
@@ -386,7 +411,6 @@ class Plan:
         extract = self.config["extract"]
         return {
             "backend": extract["backend"],
-            "num_shards": extract["num_shards"],
             "storage": extract["storage"],
             "dtype": extract["dtype"] or self.config["model"]["dtype"],
             "aux_layers": extract["aux_layers"] or "default",
@@ -463,14 +487,19 @@ class Plan:
         }
 
     # --- paths that are not one of an artifact's fixed files -------------------------
-    @property
-    def shard_names(self) -> list[str]:
-        return [shard_name(i) for i in range(self.config["extract"]["num_shards"])]
-
     def shard(self, name: str, part: str = "index") -> Path:
-        """A hidden-state shard's `index` (its JSON manifest) or `bin` file (`name` may be
-        a wildcard)."""
-        return self.hidden.directory / f"{name}{SHARD_SUFFIXES[part]}"
+        """A stored shard's `index` (its JSON manifest) or `bin` file (`name` may be a
+        wildcard)."""
+        return shard_path(self.states.directory, name, part)
+
+    def mix_shard_names(self) -> list[str]:
+        """The stored shards the mix reads, once its view is written (none before)."""
+        view = self.hidden.path("assignment")
+        return json.loads(view.read_text(encoding="utf-8"))["shards"] if view.exists() else []
+
+    def shard_samples(self, name: str) -> Path:
+        """The samples a stored shard holds or will hold (`name` may be a wildcard)."""
+        return shard_samples_path(self.states.directory, name)
 
     @property
     def num_segments(self) -> int:

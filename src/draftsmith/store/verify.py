@@ -142,7 +142,7 @@ def scan(root: Path, plan: Plan | None = None) -> tuple[int, list[Finding]]:
 
 def missing(plan: Plan) -> list[Finding]:
     """The artifacts (and shards) a full run of the plan builds that are not there."""
-    wanted = [a.manifest for a in plan.built] + [plan.shard(name) for name in plan.shard_names]
+    wanted = [a.manifest for a in plan.built] + [plan.shard(name) for name in plan.mix_shard_names()]
     return [Finding(path, [f"{path}: missing"], [], missing=True) for path in wanted if not path.exists()]
 
 

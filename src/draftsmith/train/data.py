@@ -1,21 +1,25 @@
 """Training data for the draft: the held-out split, the epoch plan and padded micro-batches.
 
 - Split: `formats.merged.held_out_ids` (the one held-out rule).
-- Epoch plan (`TrainData.epoch_batches`): epoch e visits the shards in a seeded
-  order, each shard's training samples in a seeded permutation
-  (`ShardReader.order`); consecutive windows of that stream are sorted by length
+- Samples: the mix's, in the merged JSONL's order, as the mix's view lists them
+  (`assignment.json`: sample id, address, stored shard; `hidden.assign`). Each is read
+  from whichever shard of the states store holds its address (shards may hold other
+  mixes' samples too), and its bytes are checked against the address when read.
+- Epoch plan (`TrainData.epoch_batches`): epoch e visits the mix's training samples
+  in a seeded permutation; consecutive windows of that stream are sorted by length
   and packed into micro-batches of at most `batch_tokens` padded tokens (longest x
   count), and each window's micro-batches are shuffled. A window holds at least
   `SORT_WINDOW` samples and at least `WINDOW_BATCHES` micro-batches' worth of
   tokens: with large batches, a fixed sample count would leave them half padding.
-  Everything is derived from (seed, epoch) and the shard indexes, never from a
-  random state, so a data position is just (epoch, offset): the index of the next
-  micro-batch in that epoch's plan.
+  Everything is derived from (seed, epoch) and the view, never from a random state,
+  so a data position is just (epoch, offset): the index of the next micro-batch in
+  that epoch's plan.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +29,8 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.formats.merged import held_out_ids
-from draftsmith.formats.shards import ShardReader
+from draftsmith.formats.shards import Sample, ShardReader
+from draftsmith.store.hashing import sample_address
 
 # Samples sorted by length together before packing: large enough that padding is
 # small, small enough that the order stays well mixed. At batch_tokens 65,536 and
@@ -45,10 +50,10 @@ def derived_seed(*parts: int | str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def pack(items: list[tuple[int, int]], lengths: dict[tuple[int, int], int], budget: int) -> list[list]:
+def pack(items: list[int], lengths: list[int], budget: int) -> list[list[int]]:
     """Greedy packing of items (already in order) into batches of at most `budget` padded tokens."""
-    batches: list[list] = []
-    current: list = []
+    batches: list[list[int]] = []
+    current: list[int] = []
     longest = 0
     for item in items:
         size = lengths[item]
@@ -62,13 +67,11 @@ def pack(items: list[tuple[int, int]], lengths: dict[tuple[int, int], int], budg
     return batches
 
 
-def sort_windows(
-    stream: list[tuple[int, int]], lengths: dict[tuple[int, int], int], batch_tokens: int
-) -> Iterable[list[tuple[int, int]]]:
+def sort_windows(stream: list[int], lengths: list[int], batch_tokens: int) -> Iterable[list[int]]:
     """Consecutive slices of `stream`, each at least `SORT_WINDOW` samples and
     `WINDOW_BATCHES` batches' worth of tokens (the last may be smaller)."""
     least_tokens = WINDOW_BATCHES * batch_tokens
-    window: list[tuple[int, int]] = []
+    window: list[int] = []
     tokens = 0
     for item in stream:
         window.append(item)
@@ -120,61 +123,70 @@ class Batch:
 
 
 class TrainData:
-    """The shards of one hidden-state artifact, split and planned for training."""
+    """A mix's samples, read from the states store through the mix's view, split and
+    planned for training. An item is a sample's position in the mix."""
 
     def __init__(
         self,
-        hidden_dir: str | Path,
-        shard_names: list[str],
+        states_dir: str | Path,
+        assignment: str | Path,
         *,
         val_fraction: float,
         seed: int,
         batch_tokens: int,
     ) -> None:
-        self.readers = [ShardReader(Path(hidden_dir), name) for name in shard_names]
+        view = json.loads(Path(assignment).read_text(encoding="utf-8"))
+        self.readers = [ShardReader(Path(states_dir), name) for name in view["shards"]]
+        reader_of = {name: r for r, name in enumerate(view["shards"])}
         self.seed = seed
         self.batch_tokens = batch_tokens
-        self.lengths: dict[tuple[int, int], int] = {}
-        ids: dict[tuple[int, int], str] = {}
-        for s, reader in enumerate(self.readers):
-            for i, row in enumerate(reader.manifest["samples"]):
-                self.lengths[(s, i)] = int(row[1])
-                ids[(s, i)] = row[0]
-        held = held_out_ids(ids.values(), val_fraction)
-        self.val_items = sorted((item for item, sid in ids.items() if sid in held), key=lambda x: ids[x])
-        self.train_items = {item for item, sid in ids.items() if sid not in held}
+        self.ids: list[str] = []
+        self.addresses: list[str] = []
+        self.where: list[tuple[int, int]] = []  # (reader, row) of each item
+        self.lengths: list[int] = []
+        for sample_id, address, shard in view["samples"]:
+            reader = self.readers[reader_of[shard]]
+            row = reader.index_of(address)
+            self.ids.append(sample_id)
+            self.addresses.append(address)
+            self.where.append((reader_of[shard], row))
+            self.lengths.append(int(reader.manifest["samples"][row][1]))
+        held = held_out_ids(self.ids, val_fraction)
+        self.val_items = sorted(
+            (k for k, sid in enumerate(self.ids) if sid in held), key=lambda k: self.ids[k]
+        )
+        self.train_items = [k for k, sid in enumerate(self.ids) if sid not in held]
         if not self.train_items:
-            raise TrainDataError(f"{hidden_dir}: no training sample left after holding out {val_fraction:g}")
-        self.train_tokens = sum(self.lengths[i] for i in self.train_items)
+            raise TrainDataError(f"{assignment}: no training sample left after holding out {val_fraction:g}")
+        self.train_tokens = sum(self.lengths[k] for k in self.train_items)
         self._plans: dict[int, list] = {}
 
-    def shard_order(self, epoch: int) -> list[int]:
-        return (
-            np.random.default_rng(derived_seed(self.seed, epoch, "shards"))
-            .permutation(len(self.readers))
-            .tolist()
-        )
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Epoch `epoch`'s training samples in their seeded order."""
+        rng = np.random.default_rng(derived_seed(self.seed, epoch, "samples"))
+        return [self.train_items[k] for k in rng.permutation(len(self.train_items))]
 
-    def epoch_batches(self, epoch: int) -> list[list[tuple[int, int]]]:
-        """Epoch `epoch`'s micro-batches, each a list of (shard, sample index)."""
+    def order_digest(self, epoch: int) -> str:
+        """What a checkpoint records of the data: its epoch's order, as the addresses."""
+        text = "\n".join(self.addresses[k] for k in self.epoch_order(epoch))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """Epoch `epoch`'s micro-batches, each a list of items."""
         if epoch not in self._plans:
             self._plans = {epoch: self._plan(epoch)}  # only the current epoch is kept
         return self._plans[epoch]
 
-    def _plan(self, epoch: int) -> list[list[tuple[int, int]]]:
-        stream = []
-        for s in self.shard_order(epoch):
-            order = self.readers[s].order(derived_seed(self.seed, epoch, "shard", s))
-            stream += [(s, i) for i in order if (s, i) in self.train_items]
+    def _plan(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng(derived_seed(self.seed, epoch, "batches"))
-        batches: list[list[tuple[int, int]]] = []
-        for window in sort_windows(stream, self.lengths, self.batch_tokens):
+        batches: list[list[int]] = []
+        for window in sort_windows(self.epoch_order(epoch), self.lengths, self.batch_tokens):
             window = sorted(window, key=lambda item: -self.lengths[item])
             packed = pack(window, self.lengths, self.batch_tokens)
             batches += [packed[k] for k in rng.permutation(len(packed))]
         return batches
 
-    def take(self, position: Position, count: int) -> tuple[list[list[tuple[int, int]]], Position]:
+    def take(self, position: Position, count: int) -> tuple[list[list[int]], Position]:
         """The next `count` micro-batches from `position` (into later epochs as needed)."""
         epoch, offset = position.epoch, position.offset
         taken = []
@@ -187,13 +199,24 @@ class TrainData:
             offset += 1
         return taken, Position(epoch, offset)
 
-    def val_batches(self) -> list[list[tuple[int, int]]]:
+    def val_batches(self) -> list[list[int]]:
         ordered = sorted(self.val_items, key=lambda item: -self.lengths[item])
         return pack(ordered, self.lengths, self.batch_tokens)
 
-    def collate(self, items: list[tuple[int, int]], dtype: torch.dtype | None = None) -> Batch:
+    def read(self, item: int) -> Sample:
+        """One sample's stored row, refused unless its bytes are the mix's sample."""
+        r, row = self.where[item]
+        sample = self.readers[r][row]
+        if sample_address(sample.input_ids.numpy(), sample.loss_mask.numpy()) != self.addresses[item]:
+            raise TrainDataError(
+                f"{self.readers[r].bin_path}: row {row} is not sample {self.ids[item]} "
+                f"(address {self.addresses[item]}); run draftsmith verify"
+            )
+        return sample
+
+    def collate(self, items: list[int], dtype: torch.dtype | None = None) -> Batch:
         """Read and right-pad the samples of one micro-batch (`dtype` None keeps the shard dtype)."""
-        samples = [self.readers[s][i] for s, i in items]
+        samples = [self.read(item) for item in items]
         width = max(len(x.input_ids) for x in samples)
         rows = len(samples)
         hidden = samples[0].final.shape[-1]

@@ -5,7 +5,7 @@ A run is split into segments of `checkpoint_every` steps (the last may be shorte
 previous segment's checkpoint, validates on the held-out slice, and writes
 
 - the checkpoint: draft weights (without the frozen embedding), AdamW state, LR
-  scheduler, step, data position (epoch, that epoch's shard order, offset into
+  scheduler, step, data position (epoch, a digest of that epoch's sample order, offset into
   its micro-batch plan), totals, and every RNG state (python, numpy, torch,
   cuda), written atomically;
 - the metrics: one JSON line per step (loss and accuracy per TTT position, lr,
@@ -69,7 +69,7 @@ from draftsmith.train.data import Batch, Position, TrainData
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 _EMBED = "embed_tokens.weight"
 
 
@@ -216,7 +216,7 @@ class Trainer:
         )
         self.data = TrainData(
             spec["hidden_dir"],
-            spec["shard_names"],
+            spec["assignment"],
             val_fraction=t["val_fraction"],
             seed=t["seed"],
             batch_tokens=t["batch_tokens"],
@@ -230,7 +230,7 @@ class Trainer:
         # data, computed once per process: the full-vocabulary product is the costliest part
         # of a CPU step). Computed per sample, never per batch, so it cannot depend on what
         # the sample was batched with.
-        self._in_vocab: dict[tuple[int, int], torch.Tensor] = {}
+        self._in_vocab: dict[int, torch.Tensor] = {}
         # One loader thread reads and pads the next step's micro-batches while the device
         # works on this one. All shard reads go through it (a reader is not thread-safe).
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="draft-loader")
@@ -248,7 +248,7 @@ class Trainer:
             "model": {k: v.detach().cpu() for k, v in self.draft.state_dict().items() if k != _EMBED},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "data": {**self.position.as_dict(), "shard_order": self.data.shard_order(self.position.epoch)},
+            "data": {**self.position.as_dict(), "order": self.data.order_digest(self.position.epoch)},
             "totals": dict(self.totals),
             "rng": rng_state(),
             "draft_config": self.config.as_dict(),
@@ -282,8 +282,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         data = state["data"]
         self.position = Position(data["epoch"], data["offset"])
-        if self.data.shard_order(self.position.epoch) != data["shard_order"]:
-            raise TrainError(f"{path}: the data's shard order differs from the checkpoint's")
+        if self.data.order_digest(self.position.epoch) != data["order"]:
+            raise TrainError(f"{path}: the data's sample order differs from the checkpoint's")
         self.step = state["step"]
         self.totals = dict(state["totals"])
         set_rng_state(state["rng"])
@@ -295,7 +295,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def in_vocab(self, items: list[tuple[int, int]], batch: Batch) -> torch.Tensor:
+    def in_vocab(self, items: list[int], batch: Batch) -> torch.Tensor:
         """(B, T) bool on the device: the target's argmax is in the draft vocabulary."""
         rows = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
         for r, item in enumerate(items):
@@ -320,7 +320,7 @@ class Trainer:
                 in_vocab=in_vocab,
             )
 
-    def _load(self, position: Position) -> tuple[list[Batch], list[list[tuple[int, int]]], Position]:
+    def _load(self, position: Position) -> tuple[list[Batch], list[list[int]], Position]:
         """This rank's micro-batches of the step at `position`, read, padded (and pinned)."""
         plans, next_position = self.data.take(position, self.train["grad_accum"])
         mine = plans[self.dist.rank :: self.dist.world]

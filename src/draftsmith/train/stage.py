@@ -30,8 +30,8 @@ def spec(config: dict, plan: Plan, info: dict, vocab: str) -> dict:
         "key": plan.train.key,
         "hf_dir": info["hf_dir"],
         "trust_remote_code": config["model"]["trust_remote_code"],
-        "hidden_dir": str(plan.hidden.directory),
-        "shard_names": plan.shard_names,
+        "hidden_dir": str(plan.states.directory),
+        "assignment": str(plan.hidden.path("assignment")),
         "vocab": str(vocab),
         "train": dict(config["train"]),
     }
