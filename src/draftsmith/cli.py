@@ -214,6 +214,7 @@ def _gc(args: argparse.Namespace) -> int:
     left = f"; {skipped} skipped (in use or recently written)" if skipped else ""
     print(f"gc: {taken} directories {verb}, {human_size(total)} ({total:,} bytes){left}")
     _gc_answers(plans, args.delete, grace_s)
+    _gc_states(plans, args.delete, grace_s)
     for root in sorted({plan.root for plan in plans}):
         leftovers = gc.stale_temps(root)
         for leftover in leftovers:
@@ -243,6 +244,27 @@ def _gc_answers(plans: list[Plan], delete: bool, grace_s: float) -> None:
     if reported:
         verb = "deleted" if delete else "unused (delete with --delete)"
         print(f"gc: {taken} stored answers {verb}, {human_size(total)} ({total:,} bytes)")
+
+
+def _gc_states(plans: list[Plan], delete: bool, grace_s: float) -> None:
+    """Stored samples no config's mix uses, per states store: the shards holding only
+    those listed, or deleted with `delete` (nothing printed when every sample is in use)."""
+    taken, total, left, reported = 0, 0, 0, False
+    for item in gc.unused_states(plans):
+        if not item.shards and not item.kept_samples and item.kept is None:
+            continue
+        reported = True
+        left += item.kept_samples
+        why = gc.remove_states(item, grace_s) if delete else gc.states_kept(item, grace_s)
+        if why is not None:
+            print(f"skipped  {item.store}: {why}")
+            continue
+        taken, total = taken + len(item.shards), total + item.size
+        print(f"{human_size(item.size):>9}  {item.store}: {len(item.shards)} shards, {item.samples} samples")
+    if reported:
+        verb = "deleted" if delete else "unused (delete with --delete)"
+        kept = f"; {left} unused samples stay in shards that hold used ones" if left else ""
+        print(f"gc: {taken} shards of unused samples {verb}, {human_size(total)} ({total:,} bytes){kept}")
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ are listed, and `--delete` removes exactly those, never one a job holds or wrote
 from __future__ import annotations
 
 import copy
+import json
 import os
 import select
 import shutil
@@ -14,13 +15,25 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import stand_in_config
 
 from draftsmith import cli
-from draftsmith.store import gc, lock, manifest, verify
+from draftsmith.formats.shards import ShardWriter
+from draftsmith.store import atomic, gc, lock, manifest, verify
 from draftsmith.store.atomic import TMP_PREFIX
-from draftsmith.store.plan import HASH_CACHE, LOCKS, MANIFEST, Artifact, Plan
+from draftsmith.store.hashing import sample_address
+from draftsmith.store.plan import (
+    HASH_CACHE,
+    LOCKS,
+    MANIFEST,
+    Artifact,
+    Plan,
+    shard_name,
+    shard_samples_path,
+    stored_samples,
+)
 from draftsmith.workflow import configure
 
 STRAY_KEYS = ("0123456789abcdef", "fedcba9876543210")
@@ -296,3 +309,81 @@ def test_verify_passes_over_what_a_killed_gc_left_and_the_next_gc_removes_it(tmp
     assert cli.main(["gc", "--delete", "--configfile", str(first)]) == 0
     assert f"removed  {left}" in capsys.readouterr().out
     assert not list(root.rglob(f"{TMP_PREFIX}*.gc@*"))
+
+
+# --- stored states: per shard ------------------------------------------------------------
+def store_shard(store: Path, samples: dict[str, list[int]]) -> str:
+    """A finished shard of `samples` (id -> token ids) with its samples file; its name."""
+    rows = {sample_address(ids, [1] * len(ids)): ids for ids in samples.values()}
+    name = shard_name(list(rows))
+    atomic.write_jsonl(
+        shard_samples_path(store, name),
+        ({"address": a, "input_ids": ids, "loss_mask": [1] * len(ids)} for a, ids in rows.items()),
+    )
+    with ShardWriter(store, name, mode="raw", hidden_size=2, dtype="float32", meta={}) as writer:
+        for address, ids in rows.items():
+            writer.add(address, ids, [1] * len(ids), torch.zeros(len(ids), 6), torch.zeros(len(ids), 2))
+    return name
+
+
+def write_view(plan: Plan, samples: dict[str, list[int]], store: Path) -> None:
+    """The mix's view: each sample where the store holds it."""
+    shard_of = stored_samples(store)
+    rows = [
+        [i, a, shard_of[a]]
+        for i, a in ((i, sample_address(ids, [1] * len(ids))) for i, ids in samples.items())
+    ]
+    view = plan.hidden.path("assignment")
+    view.parent.mkdir(parents=True, exist_ok=True)
+    view.write_text(json.dumps({"samples": rows, "shards": sorted({r[2] for r in rows})}))
+
+
+def test_gc_deletes_the_shards_whose_samples_no_planned_mix_uses(tmp_path, configs, capsys):
+    plan = configure(copy.deepcopy(configs["first"]))
+    store = plan.states.directory
+    both = store_shard(store, {"a1": [1, 2], "a2": [3]})  # one sample used, one not
+    dropped = store_shard(store, {"b1": [4, 5, 6]})  # a dropped dataset's sample
+    used = store_shard(store, {"c1": [7]})
+    config = config_files(tmp_path, {"first": configs["first"]})["first"]
+
+    write_view(plan, {"a1": [1, 2], "c1": [7]}, store)
+    age(plan.root, 3600)
+    (item,) = gc.unused_states([plan])
+    assert (item.shards, item.samples, item.kept_samples) == ([dropped], 1, 1)
+    assert cli.main(["gc", "--configfile", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"{store}: 1 shards, 1 samples" in out and "1 unused samples stay" in out
+    assert cli.main(["gc", "--delete", "--configfile", str(config)]) == 0
+    assert "gc: 1 shards of unused samples deleted" in capsys.readouterr().out
+    left = {p.name for p in store.rglob("*") if p.is_file()}
+    assert not any(dropped in name for name in left)
+    assert {f"{both}.bin", f"{both}.json", f"{both}.jsonl", f"{used}.json"} <= left
+    assert set(stored_samples(store).values()) == {both, used}
+    assert verify.scan(plan.root)[1] == []  # the store left behind is sound
+
+
+def test_gc_keeps_every_shard_while_a_planned_view_is_not_written(tmp_path, configs):
+    plan = configure(copy.deepcopy(configs["first"]))
+    store_shard(plan.states.directory, {"a1": [1, 2]})
+    age(plan.root, 3600)
+    (item,) = gc.unused_states([plan])
+    assert item.shards == [] and "not assigned yet" in item.kept
+    assert gc.remove_states(item, 0) == item.kept and len(stored_samples(plan.states.directory)) == 1
+
+
+def test_verify_finds_a_damaged_samples_file_and_fix_writes_it_again_from_its_shard(tmp_path, configs):
+    plan = configure(copy.deepcopy(configs["first"]))
+    store = plan.states.directory
+    name = store_shard(store, {"a1": [1, 2], "a2": [3]})
+    path = shard_samples_path(store, name)
+    intact = path.read_bytes()
+    rows = list(atomic.read_jsonl(path))
+    rows[0]["input_ids"][-1] += 1  # a flipped token id
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    said: list[str] = []
+    assert verify.run(plan.root, None, fix=False, configfiles=[], say=said.append) == 1
+    assert f"CORRUPT {path}" in said and any("row 1: its ids and mask are not its address" in s for s in said)
+    assert verify.run(plan.root, None, fix=True, configfiles=[], say=said.append) == 0
+    assert path.read_bytes() == intact and "  written again from its shard" in said
+    said.clear()
+    assert verify.run(plan.root, None, fix=False, configfiles=[], say=said.append) == 0

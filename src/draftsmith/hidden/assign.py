@@ -17,14 +17,13 @@ the same missing samples agree on the names.
 from __future__ import annotations
 
 import heapq
-import json
 from pathlib import Path
 
 import numpy as np
 
 from draftsmith.store import atomic, lock
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import SHARD_SAMPLES, SHARD_SUFFIXES, shard_name, shard_samples_path
+from draftsmith.store.plan import SHARD_SAMPLES, shard_name, shard_samples_path, stored_samples
 
 
 def assign(samples: list[tuple[str, int]], num_shards: int) -> list[list[str]]:
@@ -36,15 +35,6 @@ def assign(samples: list[tuple[str, int]], num_shards: int) -> list[list[str]]:
         shards[index].append(address)
         heapq.heappush(heap, (load + tokens, index))
     return shards
-
-
-def finished(store: Path) -> dict[str, str]:
-    """Address -> shard name of every finished shard in the store (its index is written last)."""
-    found = {}
-    for index in sorted(store.glob(f"shard-*{SHARD_SUFFIXES['index']}")):
-        for row in json.loads(index.read_text(encoding="utf-8"))["samples"]:
-            found[row[0]] = index.stem
-    return found
 
 
 def claimed(store: Path, done: set[str]) -> dict[str, tuple[str, int]]:
@@ -73,7 +63,7 @@ def build(merged_path: Path, store: Path, num_shards: int) -> dict:
     """The mix's view (sample id -> address -> shard) and the extraction it still needs;
     writes the samples of each new shard into the store. Call under the assign lock
     (`build_locked`)."""
-    stored = finished(store)
+    stored = stored_samples(store)
     pending = claimed(store, set(stored.values()))
     view, lengths, new = [], {}, {}
     for sample in atomic.read_jsonl(merged_path):

@@ -19,11 +19,20 @@ when a responses artifact some config plans holds its prompt. A generation key n
 plans goes whole; in one that is planned, the answers no planned dataset asks for are
 dropped (an atomic rewrite of its file under its lock). While a planned responses artifact
 of a generation key is not built yet, its prompts are unknown and every answer there stays.
+
+Stored states (`hidden/<states key>/`) are collected per shard: a states store no config
+plans goes whole; in one that is planned, a finished shard none of whose samples a planned
+mix's view lists is deleted (its index first, so a crash leaves at most a shard that is
+assigned but not extracted, which the next run that needs it extracts again, then its
+samples file and data). Unused samples in a shard that also holds used ones are only
+counted: shards are written whole. Until every planned view of a store is written, the
+samples it needs are unknown and every shard there stays.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -34,7 +43,14 @@ from pathlib import Path
 from draftsmith.store import answers, atomic, lock
 from draftsmith.store.atomic import TMP_PREFIX, fsync_dir, temp_name
 from draftsmith.store.keys import STAGES, is_key
-from draftsmith.store.plan import LOCKS, Plan
+from draftsmith.store.plan import (
+    LOCKS,
+    SHARD_SAMPLES,
+    Plan,
+    shard_path,
+    shard_samples_path,
+    stored_samples,
+)
 
 # Directories written less than this long ago are left alone (`draftsmith gc --grace`).
 DEFAULT_GRACE_S = 15 * 60
@@ -210,3 +226,80 @@ def remove_answers(item: UnusedAnswers, grace_s: float) -> str | None:
         if reason is None:
             answers.rewrite(item.directory, lambda answer: answer[answers.ADDRESS] not in item.unused)
         return reason
+
+
+@dataclass
+class UnusedStates:
+    """The stored samples of one planned states store that no given config's mix uses."""
+
+    root: Path
+    store: Path
+    shards: list[str]  # finished shards holding only unused samples: they go
+    samples: int  # unused samples in those shards
+    size: int  # bytes of those shards' files
+    kept_samples: int  # unused samples in shards that also hold used ones (they stay)
+    kept: str | None = None  # why every shard there stays, whatever the configs say
+
+
+def unused_states(plans: Iterable[Plan]) -> list[UnusedStates]:
+    """Per states store the plans extract into, the shards and samples no planned mix uses."""
+    plans = list(plans)
+    found = []
+    for store in sorted({plan.states.directory.resolve() for plan in plans}):
+        shard_of = stored_samples(store) if store.is_dir() else {}
+        if not shard_of:
+            continue
+        root = next(p.root.resolve() for p in plans if p.states.directory.resolve() == store)
+        views = [p.hidden.path("assignment") for p in plans if p.states.directory.resolve() == store]
+        unbuilt = [view for view in views if not view.exists()]
+        if unbuilt:
+            reason = (
+                f"{unbuilt[0].parent} is planned but not assigned yet, so the samples it needs are unknown"
+            )
+            found.append(UnusedStates(root, store, [], 0, 0, 0, reason))
+            continue
+        used = {row[1] for view in views for row in json.loads(view.read_text(encoding="utf-8"))["samples"]}
+        unused = {address for address in shard_of if address not in used}
+        kept_shards = {shard_of[address] for address in shard_of if address in used}
+        doomed = sorted({shard_of[address] for address in unused} - kept_shards)
+        size = sum(_shard_bytes(store, name) for name in doomed)
+        gone = sum(1 for address in unused if shard_of[address] in doomed)
+        found.append(UnusedStates(root, store, doomed, gone, size, len(unused) - gone))
+    return found
+
+
+def _shard_files(store: Path, name: str) -> list[Path]:
+    """A shard's files in the order gc deletes them: index (unfinished from then on),
+    samples (no longer assigned), data."""
+    return [shard_path(store, name, "index"), shard_samples_path(store, name), shard_path(store, name, "bin")]
+
+
+def _shard_bytes(store: Path, name: str) -> int:
+    return sum(path.stat().st_size for path in _shard_files(store, name) if path.exists())
+
+
+def states_kept(item: UnusedStates, grace_s: float) -> str | None:
+    """Why gc would leave these shards now, or None."""
+    return item.kept or kept(item.root, item.store, grace_s)
+
+
+def remove_states(item: UnusedStates, grace_s: float) -> str | None:
+    """Delete the unused shards unless their store is in use (a job holds its directory
+    lock, or it was written within `grace_s` seconds): then return why they stay. Under
+    the store's assign lock too, so no mix is assigned to a shard being deleted."""
+    if item.kept is not None:
+        return item.kept
+    doomed = []
+    with claim(item.root, item.store, grace_s) as reason:
+        if reason is not None:
+            return reason
+        with lock.held(lock.lock_path(item.root, item.store / SHARD_SAMPLES)):
+            for name in item.shards:
+                for path in _shard_files(item.store, name):
+                    if path.exists():
+                        doomed.append(path.with_name(temp_name(f"{path.name}.gc")))
+                        os.rename(path, doomed[-1])
+                        fsync_dir(path.parent)
+    for path in doomed:  # under temp names now: no lock needed
+        path.unlink()
+    return None

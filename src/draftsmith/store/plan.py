@@ -225,6 +225,15 @@ def shard_samples_path(store: Path, name: str) -> Path:
     return store / SHARD_SAMPLES / f"{name}.jsonl"
 
 
+def stored_samples(store: Path) -> dict[str, str]:
+    """Address -> shard name of every finished shard in a states store (its index is written last)."""
+    found = {}
+    for index in sorted(store.glob(f"shard-*{SHARD_SUFFIXES['index']}")):
+        for row in json.loads(index.read_text(encoding="utf-8"))["samples"]:
+            found[row[0]] = index.name.removesuffix(SHARD_SUFFIXES["index"])
+    return found
+
+
 def segment_name(index: int) -> str:
     return f"{index:05d}"
 

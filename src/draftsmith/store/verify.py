@@ -7,7 +7,12 @@ What is checked:
   the declared checkpoint and metrics files it put in place;
 - with a plan: every artifact the config builds and every shard, which must exist
   (a deleted directory is reported, and `snakemake` rebuilds it);
-- every stored answer (`store.answers`): its own sha256 and its address.
+- every stored answer (`store.answers`): its own sha256 and its address;
+- every states store's samples files (`samples/<shard>.jsonl`): each row's address against
+  its ids and mask, and the file's addresses against the shard's name. A damaged one whose
+  shard is finished is written again from the shard by `--fix` (the shard holds the same
+  ids and masks); one whose shard is not extracted yet is quarantined, and the mix's view
+  must be assigned again (delete it: the next run assigns the samples anew).
 
 Temporaries (`.tmp-*`: a write in progress, or what a killed job or gc left) are no
 artifacts and are not checked; those of dead processes are reported as stale, for
@@ -32,10 +37,10 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.formats import shards
-from draftsmith.store import answers, gc, manifest
+from draftsmith.store import answers, atomic, gc, manifest
 from draftsmith.store.atomic import TMP_PREFIX
-from draftsmith.store.hashing import sha256_file
-from draftsmith.store.plan import MANIFEST, STAGED, Plan
+from draftsmith.store.hashing import sample_address, sha256_file
+from draftsmith.store.plan import MANIFEST, SHARD_SAMPLES, STAGED, Plan, shard_name, shard_path
 
 SHARD_INDEX_GLOB = "shard-*.json"
 RECORD_SUFFIX = ".record.json"
@@ -120,6 +125,50 @@ def check_record(record_path: Path) -> tuple[list[str], list[Path]]:
     return problems, declared
 
 
+def check_samples(path: Path) -> list[str]:
+    """Problems with a states store's samples file: rows whose address is not their ids'
+    and mask's, or addresses that are not the ones its shard is named by."""
+    try:
+        rows = list(atomic.read_jsonl(path))
+        wrong = [
+            i
+            for i, row in enumerate(rows, 1)
+            if sample_address(row["input_ids"], row["loss_mask"]) != row["address"]
+        ]
+        addresses = [row["address"] for row in rows]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{path}: unreadable ({exc})"]
+    if wrong:
+        return [f"{path}: row {i}: its ids and mask are not its address" for i in wrong]
+    if shard_name(addresses) != path.stem:
+        return [f"{path}: its addresses are not those its shard is named by"]
+    return []
+
+
+def rewrite_samples(path: Path) -> bool:
+    """Write a damaged samples file again from its finished shard; False when there is none."""
+    store = path.parent.parent
+    if not shard_path(store, path.stem).exists():
+        return False
+    reader = shards.ShardReader(store, path.stem)
+    rows = (
+        {"address": s.id, "input_ids": s.input_ids.tolist(), "loss_mask": s.loss_mask.tolist()}
+        for s in (reader[i] for i in range(len(reader)))
+    )
+    atomic.write_jsonl(path, rows)
+    return True
+
+
+def _samples_findings(root: Path) -> tuple[int, list[Finding]]:
+    """Every samples file checked (a count) and the damaged ones."""
+    paths = sorted(
+        p for p in (root / "hidden").glob(f"*/{SHARD_SAMPLES}/shard-*.jsonl") if not in_temp(root, p)
+    )
+    return len(paths), [
+        Finding(path, problems, [path]) for path in paths if (problems := check_samples(path))
+    ]
+
+
 def scan(root: Path, plan: Plan | None = None) -> tuple[int, list[Finding]]:
     """Everything checked (a count) and what is wrong, upstream artifacts first."""
     findings, checked = [], 0
@@ -135,6 +184,9 @@ def scan(root: Path, plan: Plan | None = None) -> tuple[int, list[Finding]]:
         if problems and not reported.intersection(declared):  # a shard is reported by its index
             members = [*declared, *(record.parent / p.name for p in declared), record]
             findings.append(Finding(declared[0] if declared else record, problems, members))
+    samples_checked, samples_damaged = _samples_findings(root)
+    checked += samples_checked
+    findings += samples_damaged
     if plan is not None:
         findings += missing(plan)
     return checked, findings
@@ -168,11 +220,15 @@ def rebuild_command(findings: list[Finding], configfiles: list[str]) -> str:
 def run(root: Path, plan: Plan | None, fix: bool, configfiles: list[str], say=print) -> int:
     """Check the store, report each finding, quarantine with `fix`; 1 when anything is wrong."""
     checked, findings = scan(root, plan)
+    repaired = []
     for finding in findings:
         say(f"{finding.label} {finding.where}")
         for problem in finding.problems:
             say(f"  {problem}")
-        if fix and not finding.missing:
+        if fix and finding.where.parent.name == SHARD_SAMPLES and rewrite_samples(finding.where):
+            say("  written again from its shard")
+            repaired.append(finding)
+        elif fix and not finding.missing:
             quarantine(finding)
             say("  quarantined")
     damaged, stored = 0, 0
@@ -195,14 +251,22 @@ def run(root: Path, plan: Plan | None, fix: bool, configfiles: list[str], say=pr
         say("  temporaries of processes that died (not artifacts): draftsmith gc --delete removes them")
     corrupt = sum(not f.missing for f in findings)
     counts = f"{checked} checked, {corrupt} corrupt, {len(findings) - corrupt} missing"
+    if repaired:
+        counts += f", {len(repaired)} repaired"
+    findings = [f for f in findings if f not in repaired]
     if stored:
         counts += f"; {stored} stored answers checked, {damaged} corrupt"
     say(f"verify: {counts}" + (f", {len(stale)} stale temporaries" if stale else ""))
+    unassigned = [f for f in findings if f.where.parent.name == SHARD_SAMPLES]
+    findings = [f for f in findings if f not in unassigned]
+    if unassigned:
+        say("samples files of shards not extracted yet are damaged: delete the views that list those")
+        say("  shards (hidden/<view key>/assignment.json), so that the next run assigns them again")
     if findings and (fix or corrupt == 0):
         say("rebuild exactly these with:\n  " + rebuild_command(findings, configfiles))
-    elif corrupt or (damaged and not fix):
+    elif not fix and (corrupt or damaged):
         say("quarantine the corrupt ones and rebuild them: draftsmith verify --fix")
-    return 1 if findings or damaged else 0
+    return 1 if findings or unassigned or damaged else 0
 
 
 def main(plan: Plan, log_file: str, configfiles: list[str]) -> None:
