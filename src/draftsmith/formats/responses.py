@@ -21,22 +21,25 @@ def response_record(
     prompt_id: str,
     dataset: str,
     index: int,
-    messages: list[dict[str, str]],
+    messages: list[dict],
     response: str,
     finish_reason: str | None,
     usage: Usage,
     reasoning: str | None = None,
     response_token_ids: list[int] | None = None,
     prompt_token_ids: list[int] | None = None,
+    tools: list[dict] | None = None,
 ) -> dict[str, Any]:
     """One generated sample.
 
-    `messages` is the prompt conversation (ending with the user turn);
+    `messages` is the prompt conversation (ending with a user or tool turn), `tools` the
+    function schemas it was asked with (kept only when there are any, so that an answer
+    without tools is stored as before);
     `response_token_ids` are the ids the generator emitted, when it reports them
     (kept so the tokenize stage need not re-tokenize: encode(decode(ids)) != ids
     for a few percent of responses).
     """
-    return {
+    record = {
         "id": prompt_id,
         "dataset": dataset,
         "index": index,
@@ -51,6 +54,9 @@ def response_record(
             "completion_tokens": usage.completion_tokens,
         },
     }
+    if tools:
+        record["tools"] = tools
+    return record
 
 
 def record_usage(record: dict) -> Usage:

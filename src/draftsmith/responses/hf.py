@@ -42,9 +42,7 @@ class HFBackend:
         torch.manual_seed(generation["seed"])
 
     def _encode(self, prompt: Prompt) -> list[int]:
-        return self.tokenizer.apply_chat_template(
-            prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
+        return target.prompt_ids(self.tokenizer, prompt.messages, prompt.tools)
 
     def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
         encoded = [(p, self._encode(p)) for p in prompts]
@@ -71,6 +69,7 @@ class HFBackend:
             dataset=self.dataset,
             index=prompt.index,
             messages=prompt.messages,
+            tools=prompt.tools,
             response=self.tokenizer.decode(text_ids),
             finish_reason=finish,
             usage=Usage(len(prompt_ids), len(generated)),

@@ -308,6 +308,7 @@ class OpenAIBackend:
             dataset=self.dataset,
             index=prompt.index,
             messages=prompt.messages,
+            tools=prompt.tools,
             response=answer.content,
             finish_reason=answer.finish_reason,
             usage=answer.usage,
@@ -321,12 +322,14 @@ class OpenAIBackend:
     def _body(self, prompt: Prompt) -> dict:
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": prompt.messages,
+            "messages": [_wire_message(m) for m in prompt.messages],
             "max_tokens": self.generation["max_new_tokens"],
             "temperature": self.generation["temperature"],
             "top_p": self.generation["top_p"],
             "seed": self.generation["seed"],
         }
+        if prompt.tools:
+            body["tools"] = prompt.tools
         if self.cfg["request_token_ids"]:
             body.update(TOKEN_ID_FIELDS)
         body.update(self.cfg["extra_body"])
@@ -451,6 +454,18 @@ class OpenAIBackend:
                 self.dataset,
             )
         return Usage()
+
+
+def _wire_message(message: dict) -> dict:
+    """A message as the API takes it: tool-call arguments as a JSON string (datasets keep
+    them decoded, as chat templates read them)."""
+    if "tool_calls" not in message:
+        return message
+    calls = [
+        call | {"function": call["function"] | {"arguments": json.dumps(call["function"]["arguments"])}}
+        for call in message["tool_calls"]
+    ]
+    return message | {"tool_calls": calls}
 
 
 async def _first_error(tasks: list[asyncio.Task]) -> None:

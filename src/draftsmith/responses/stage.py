@@ -25,7 +25,7 @@ from draftsmith.runtime.jobs import TokenRate, progress
 from draftsmith.runtime.resources import responses_gpus
 from draftsmith.store import answers, atomic, manifest
 from draftsmith.store.plan import Artifact, plan_for
-from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info
+from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info, prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,8 @@ def _responses(
     info = model_info(inputs["model"])
     tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
 
-    def count_tokens(messages: list[dict]) -> int:
-        return len(
-            tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
+    def count_tokens(messages: list[dict], tools: list[dict] | None) -> int:
+        return len(prompt_ids(tokenizer, messages, tools))
 
     loaded = load_prompts(
         dataset, entry, count_tokens, longest_token_chars(tokenizer), planned_sha256=artifact.params["source"]
@@ -123,7 +119,7 @@ def run(
     """Generate what the answer `store` (held) lacks, then write `outputs` (responses,
     bad_rows, manifest). `backend` makes the backend, only when there is something to ask."""
     started = time.time()
-    addresses = {p.id: answers.address(p.messages) for p in loaded.prompts}
+    addresses = {p.id: answers.address(p.messages, p.tools) for p in loaded.prompts}
     if store.torn_lines:
         log.warning("answer store: dropped %d torn line(s) from an interrupted run", store.torn_lines)
     reused = [p for p in loaded.prompts if addresses[p.id] in store]

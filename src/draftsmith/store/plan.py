@@ -476,7 +476,7 @@ class Plan:
         elif cfg.generation_dtype(self.config) != self.config["model"]["dtype"]:
             # The model key holds model.dtype; a different generation dtype changes the output.
             generation["hf_dtype"] = cfg.generation_dtype(self.config)
-        return {
+        params = {
             "source": self._source_hash(entry["path"]),
             "format": entry["format"],
             "prompt_field": entry["prompt_field"] if entry["format"] == "prompt" else None,
@@ -485,6 +485,9 @@ class Plan:
             "max_prompt_tokens": entry["max_prompt_tokens"],
             "generation": generation,
         }
+        if entry["roles"] and entry["format"] != "prompt":  # absent: the keys of before role maps
+            params["roles"] = entry["roles"]
+        return params
 
     # --- paths that are not one of an artifact's fixed files -------------------------
     def shard(self, name: str, part: str = "index") -> Path:
