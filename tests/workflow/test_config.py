@@ -39,7 +39,11 @@ def test_default_config_loads_and_fills_defaults():
     assert config["generation"]["openai"]["model"] is None
     assert config["generation"]["sglang"]["port"] == 30000
     assert config["generation"]["sglang"]["extra_args"] == []
-    assert config["dataset_defaults"] == {"max_bad_fraction": 0.05, "max_prompt_tokens": 4096}
+    assert config["dataset_defaults"] == {
+        "max_bad_fraction": 0.05,
+        "max_prompt_tokens": 4096,
+        "min_supervised_share": 0.01,
+    }
     assert config["merge"]["exclude"] == []
     assert config["merge"]["caps"] == {}
     # ...as do absent fields of sections that are present, while given values win.
