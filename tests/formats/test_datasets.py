@@ -199,6 +199,20 @@ def test_a_sharegpt_variant_reads_calls_and_results_through_its_role_map(tmp_pat
     assert prompt.tools == [WEATHER]
 
 
+def test_every_turn_keeps_the_whole_conversation(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"messages": tool_conversation(), "tools": [WEATHER]}])
+    prompt = load_prompts("t", entry(path, "messages", regenerate="every_turn")).prompts[0]
+    assert [m["role"] for m in prompt.messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert prompt.messages[1]["tool_calls"] == [call({"city": "Oslo"}, id="c1")]
+
+
 def test_a_prompt_without_tools_has_none(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Q", "tools": None}, {"prompt": "Q", "tools": []}])
     assert [p.tools for p in load_prompts("p", entry(path)).prompts] == [None, None]

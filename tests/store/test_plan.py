@@ -122,7 +122,7 @@ def test_excluding_a_dataset_changes_only_merged_key(base, plan_of):
     assert plan.merge_caps() == {}  # caps of an excluded dataset do not count
 
 
-def test_a_role_map_moves_only_its_datasets_keys(base, plan_of):
+def test_a_role_map_and_a_regeneration_mode_move_only_their_datasets_keys(base, plan_of):
     base["datasets"]["chat"]["format"] = "sharegpt"
     before = all_keys(plan_of(base))
     base["datasets"]["chat"]["roles"] = {}  # the default: keys as before role maps
@@ -133,6 +133,12 @@ def test_a_role_map_moves_only_its_datasets_keys(base, plan_of):
     assert {n: k for n, k in after["responses"].items() if n != "chat"} == {
         n: k for n, k in before["responses"].items() if n != "chat"
     }
+    base["datasets"]["chat"]["roles"] = {}
+    base["datasets"]["chat"]["regenerate"] = "every_turn"
+    assert all_keys(plan_of(base))["responses"]["chat"] not in (
+        before["responses"]["chat"],
+        after["responses"]["chat"],
+    )
     base["datasets"]["chat"]["roles"] = {"observation": "robot"}
     with pytest.raises(cfg.ConfigError, match="robot"):
         plan_of(base)

@@ -648,3 +648,27 @@ def test_a_supervised_share_below_the_floor_names_dataset_and_share(tokenizer):
         match=rf"dataset 'demo': supervised share {share:.2%} .* below min_supervised_share 5.00%",
     ):
         tokenize_records(records, chat(tokenizer), "demo", min_supervised_share=0.05)
+
+
+def test_a_turn_whose_earlier_reasoning_the_template_drops_is_a_sample_of_its_own(tools_tokenizer):
+    """Turn 1 is served with its reasoning, turn 3 with turn 1's reasoning dropped: each is
+    trained on the context it was served, so they are not joined; a turn whose context
+    nests (no reasoning to drop) joins its conversation's sample."""
+    first = [user("Q1")]
+    second = [*first, {"role": "assistant", "content": "A1", "reasoning_content": "R1"}, user("Q2")]
+    records = [
+        record(first, "A1", rid="c-000000/1", reasoning="R1"),
+        record(second, "A2", rid="c-000000/3"),
+        record(first, "B1", rid="c-000001/1"),
+        record([*first, {"role": "assistant", "content": "B1"}, user("Q2")], "B2", rid="c-000001/3"),
+    ]
+    samples, stats = tokenize_records(records, chat(tools_tokenizer), "demo")
+    assert [s["id"] for s in samples] == ["c-000000/1", "c-000000/3", "c-000001/3"]
+    assert stats.turns_joined == 1
+    _, supervised = split(samples[1])
+    assert "R1" not in tools_tokenizer.decode(samples[1]["input_ids"])
+    assert tools_tokenizer.decode(supervised) == "A2" + EOT
+    joined = samples[2]
+    assert tools_tokenizer.decode(
+        [i for i, m in zip(joined["input_ids"], joined["loss_mask"], strict=True) if m]
+    ) == ("B1" + EOT + "B2" + EOT)

@@ -352,6 +352,16 @@ def _tool_calls(value: Any, field: str) -> list[dict]:
     return [_tool_call(call, f"{field}[{i}]") for i, call in enumerate(calls)]
 
 
+def structured_calls(value: Any) -> list[dict] | None:
+    """Tool calls a backend returned (a list of calls or its JSON) in the shape datasets keep
+    them; None, with a warning, when they do not parse (the text stays the reply)."""
+    try:
+        return _tool_calls(value, "tool_calls")
+    except _Bad as exc:
+        log.warning("tool calls that do not parse are kept as text: %s: %s", exc.field, exc.detail)
+        return None
+
+
 def tools_of(row: dict) -> list[dict] | None:
     """The row's `tools` column (function schemas, a list or its JSON), each as
     `{type: function, function: {name, ...}}`; None when absent or empty."""
@@ -437,9 +447,9 @@ def _message(turn: dict, role: str, field: str, layout: _Layout, empty_reason: s
     return message
 
 
-def _conversation_messages(row: dict, layout: _Layout) -> list[dict]:
+def _conversation_messages(row: dict, layout: _Layout, every_turn: bool) -> list[dict]:
     """The conversation up to its last user or tool turn (the target regenerates the reply
-    after it).
+    after it); with `every_turn`, all of it (the target regenerates each assistant turn).
 
     Every turn's role is checked, but only the kept turns' contents: the rest is discarded.
     """
@@ -450,7 +460,9 @@ def _conversation_messages(row: dict, layout: _Layout) -> list[dict]:
         raise _Bad("wrong-type", layout.turns, f"expected a list, got {type(turns).__name__}")
     roles = [_role(turn, i, layout) for i, turn in enumerate(turns)]
     _check_order(roles, layout)
-    last = max(i for i, role in enumerate(roles) if role in ("user", "tool"))
+    last = (
+        len(turns) - 1 if every_turn else max(i for i, role in enumerate(roles) if role in ("user", "tool"))
+    )
     return [
         _message(
             turns[i],
@@ -470,7 +482,8 @@ def _extractor(name: str, entry: dict) -> Callable[[dict], list[dict]]:
         return lambda row: _prompt_messages(row, field)
     if fmt in _LAYOUTS:
         layout = _LAYOUTS[fmt].with_roles(entry.get("roles"))
-        return lambda row: _conversation_messages(row, layout)
+        every_turn = entry.get("regenerate") == "every_turn"
+        return lambda row: _conversation_messages(row, layout, every_turn)
     raise DatasetError(f"dataset {name!r}: unknown format {fmt!r} (expected prompt, sharegpt, messages)")
 
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from draftsmith.errors import BudgetReached, GenerationError
+from draftsmith.formats.datasets import structured_calls
 from draftsmith.formats.responses import Usage, cost_usd, response_record
 
 if TYPE_CHECKING:
@@ -158,6 +159,7 @@ class _Retryable(Exception):
 class _Answer:
     content: str
     reasoning: str | None
+    tool_calls: list[dict] | None
     finish_reason: str | None
     usage: Usage
     token_ids: list[int] | None
@@ -313,6 +315,7 @@ class OpenAIBackend:
             finish_reason=answer.finish_reason,
             usage=answer.usage,
             reasoning=answer.reasoning,
+            tool_calls=answer.tool_calls,
             response_token_ids=answer.token_ids,
             prompt_token_ids=answer.prompt_token_ids,
         )
@@ -433,6 +436,7 @@ class OpenAIBackend:
         return _Answer(
             content=message.get("content") or "",
             reasoning=message.get("reasoning_content") or message.get("reasoning") or None,
+            tool_calls=structured_calls(message["tool_calls"]) if message.get("tool_calls") else None,
             finish_reason=choice.get("finish_reason"),
             usage=self._usage(data.get("usage")),
             # vLLM and SGLang: choice.token_ids; SGLang's meta_info carries output_ids.

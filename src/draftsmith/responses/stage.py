@@ -20,6 +20,7 @@ from typing import Protocol
 from draftsmith import config as cfg
 from draftsmith.formats.datasets import LoadedDataset, Prompt, load_prompts
 from draftsmith.formats.responses import Usage, cost_usd, record_usage
+from draftsmith.responses import turns
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import TokenRate, progress
 from draftsmith.runtime.resources import responses_gpus
@@ -73,6 +74,7 @@ def _responses(
         store=store,
         outputs=outputs,
         openai_cfg=config["generation"]["openai"],
+        regenerate=entry["regenerate"],
     )
 
 
@@ -115,43 +117,20 @@ def run(
     store: answers.AnswerStore,
     outputs: dict,
     openai_cfg: dict,
+    regenerate: str = "last",
 ) -> dict:
     """Generate what the answer `store` (held) lacks, then write `outputs` (responses,
-    bad_rows, manifest). `backend` makes the backend, only when there is something to ask."""
+    bad_rows, manifest). `backend` makes the backend, only when there is something to ask.
+    `regenerate` "last": one answer per prompt; "every_turn": every assistant turn of each
+    conversation (`responses.turns`), one record per turn."""
     started = time.time()
-    addresses = {p.id: answers.address(p.messages, p.tools) for p in loaded.prompts}
     if store.torn_lines:
         log.warning("answer store: dropped %d torn line(s) from an interrupted run", store.torn_lines)
-    reused = [p for p in loaded.prompts if addresses[p.id] in store]
-    # One request per distinct prompt: a prompt repeated in the dataset is asked once.
-    pending = list({addresses[p.id]: p for p in loaded.prompts if addresses[p.id] not in store}.values())
-    log.info(
-        "%s: %d prompts, %d already answered in the store, %d to generate",
-        dataset,
-        len(loaded.prompts),
-        len(reused),
-        len(pending),
-    )
-    spent = Usage()
-    for p in reused:
-        spent.add(record_usage(store.get(addresses[p.id])))
-
-    bar = progress(len(loaded.prompts), f"generate {dataset}", initial=len(reused))
-    rate = TokenRate()
-
-    def emit(record: dict) -> None:
-        # Stored under the address of the prompt as read, whatever the backend echoes.
-        store.put(record, addresses[record["id"]])
-        bar.update(1)
-        bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
-
-    try:
-        if pending:  # nothing to ask: no model loaded, no server started
-            backend().generate(pending, emit, spent)
-    finally:
-        bar.close()
-    records = [answers.as_record(store.get(addresses[p.id]), p.id, dataset, p.index) for p in loaded.prompts]
-
+    asker = _Asker(dataset, store, backend)
+    if regenerate == "every_turn":
+        records, turn_stats = _every_turn(loaded, asker)
+    else:
+        records, turn_stats = _last_turn(loaded, asker), {}
     usage = Usage()
     for record in records:
         usage.add(record_usage(record))
@@ -168,12 +147,86 @@ def run(
         "finish_reasons": _count(r["finish_reason"] for r in records),
         "with_token_ids": sum(r["response_token_ids"] is not None for r in records),
         "with_reasoning": sum(bool(r["reasoning"]) for r in records),
+        "with_tool_calls": sum(bool(r.get("tool_calls")) for r in records),
         # Answers requested from the backend by this job, and those found in the answer store.
-        "answers_generated": len(pending),
-        "answers_reused": len(reused),
+        "answers_generated": asker.generated,
+        "answers_reused": len(records) - asker.generated,
+        **turn_stats,
     }
     manifest.write(artifact, outputs["manifest"], [outputs["responses"], outputs["bad_rows"]], stats, started)
     return stats
+
+
+class _Asker:
+    """Asks the backend (made on first need) for the prompts the store lacks, each distinct
+    prompt once, and stores each answer as it completes."""
+
+    def __init__(self, dataset: str, store: answers.AnswerStore, backend: Callable[[], Backend]) -> None:
+        self.dataset, self.store, self._make = dataset, store, backend
+        self._backend: Backend | None = None
+        self.generated = 0
+
+    def ask(self, prompts: list[Prompt], known: list[dict]) -> None:
+        """`known`: the records already answered (their usage counts against a budget)."""
+        addresses = {p.id: answers.address(p.messages, p.tools) for p in prompts}
+        pending = list({addresses[p.id]: p for p in prompts if addresses[p.id] not in self.store}.values())
+        log.info(
+            "%s: %d prompts, %d already answered in the store, %d to generate",
+            self.dataset,
+            len(prompts),
+            sum(addresses[p.id] in self.store for p in prompts),
+            len(pending),
+        )
+        if not pending:  # nothing to ask: no model loaded, no server started
+            return
+        spent = Usage()
+        for record in known:
+            spent.add(record_usage(record))
+        bar, rate = progress(len(pending), f"generate {self.dataset}"), TokenRate()
+
+        def emit(record: dict) -> None:
+            # Stored under the address of the prompt as read, whatever the backend echoes.
+            self.store.put(record, addresses[record["id"]])
+            self.generated += 1
+            bar.update(1)
+            bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
+
+        self._backend = self._backend or self._make()
+        try:
+            self._backend.generate(pending, emit, spent)
+        finally:
+            bar.close()
+
+
+def _last_turn(loaded: LoadedDataset, asker: _Asker) -> list[dict]:
+    """One answer per prompt: the reply after its last user or tool turn."""
+
+    def record(p: Prompt) -> dict:
+        return answers.as_record(
+            asker.store.get(answers.address(p.messages, p.tools)), p.id, asker.dataset, p.index
+        )
+
+    stored = [p for p in loaded.prompts if answers.address(p.messages, p.tools) in asker.store]
+    asker.ask(loaded.prompts, [record(p) for p in stored])
+    return [record(p) for p in loaded.prompts]
+
+
+def _every_turn(loaded: LoadedDataset, asker: _Asker) -> tuple[list[dict], dict]:
+    """Every conversation's turns in rounds: round n asks each unfinished conversation's
+    first unanswered turn, so a turn is asked once the target's previous one is stored."""
+    while True:
+        walks = [turns.walk(p, asker.store, asker.dataset) for p in loaded.prompts]
+        pending = [w.pending for w in walks if w.pending is not None]
+        if not pending:
+            break
+        asker.ask(pending, [r for w in walks for r in w.records])
+    records = [r for w in walks for r in w.records]
+    return records, {
+        "conversations": len(walks),
+        "regenerated_turns": len(records),
+        "tool_calls_matched": sum(w.calls_matched for w in walks),
+        "ended_early": sum(w.ended_early for w in walks),
+    }
 
 
 def _count(values) -> dict[str, int]:

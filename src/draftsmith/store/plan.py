@@ -485,8 +485,11 @@ class Plan:
             "max_prompt_tokens": entry["max_prompt_tokens"],
             "generation": generation,
         }
-        if entry["roles"] and entry["format"] != "prompt":  # absent: the keys of before role maps
+        # Absent at their defaults: the keys of before role maps and regeneration modes.
+        if entry["roles"] and entry["format"] != "prompt":
             params["roles"] = entry["roles"]
+        if entry["regenerate"] != "last" and entry["format"] != "prompt":
+            params["regenerate"] = entry["regenerate"]
         return params
 
     # --- paths that are not one of an artifact's fixed files -------------------------

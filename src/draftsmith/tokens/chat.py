@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from draftsmith.errors import TokenizeError
+from draftsmith.formats.merged import conversation_of
 from draftsmith.formats.responses import reply_message
 from draftsmith.target import special_tokens
 
@@ -46,6 +47,7 @@ class TokenizeStats:
     special_boundary_violations: int = 0
     prompts_with_special_text: int = 0
     replies_with_special_text: int = 0
+    turns_joined: int = 0  # turn records trained inside their conversation's next sample
     dropped_ids: list[str] = field(default_factory=list)
 
     def add(self, other: TokenizeStats) -> None:
@@ -220,7 +222,31 @@ class ChatTokenizer:
 
 def _encode_all(records: list[dict], chat: ChatTokenizer) -> tuple[list[dict], TokenizeStats]:
     stats = TokenizeStats()
-    return [s for r in records if (s := chat.encode(r, stats)) is not None], stats
+    samples: list[dict] = []
+    for record in records:
+        if (sample := chat.encode(record, stats)) is not None:
+            _append_turn(samples, sample, stats)
+    return samples, stats
+
+
+def _append_turn(samples: list[dict], sample: dict, stats: TokenizeStats) -> None:
+    """A conversation's next turn joins its previous turn's sample when that sample's ids
+    are a prefix of the turn's context: the model was served exactly that text when it
+    wrote the turn, so one sample trains both turns. Where the template renders the earlier
+    turn otherwise (it drops earlier reasoning, or re-tokenizes a reply differently from
+    the ids the backend returned) the turn stays a sample of its own, with its own context."""
+    last = samples[-1] if samples else None
+    if (
+        last is None
+        or conversation_of(last["id"]) != conversation_of(sample["id"])
+        or sample["input_ids"][: len(last["input_ids"])] != last["input_ids"]
+    ):
+        samples.append(sample)
+        return
+    size = len(last["input_ids"])
+    samples[-1] = sample | {"loss_mask": last["loss_mask"] + sample["loss_mask"][size:]}
+    stats.tokens -= size
+    stats.turns_joined += 1
 
 
 _worker_chat: ChatTokenizer | None = None
