@@ -279,6 +279,39 @@ def test_key_never_leaks(caplog, monkeypatch):
     assert not [t for t in everything if key in t]
 
 
+# ----- tools -----
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+def test_tools_and_earlier_calls_reach_the_server_and_calls_come_back_structured():
+    earlier = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}, "id": "c1"}
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [earlier]},
+        {"role": "tool", "content": "-3 C", "tool_call_id": "c1"},
+        {"role": "user", "content": "call: weather Bergen"},
+    ]
+    with FaultProxy() as proxy:
+        [record] = run(proxy, [Prompt("ds-0", 0, 1, messages, [WEATHER])])
+        [body] = proxy.bodies
+    assert body["tools"] == [WEATHER]
+    # The API takes arguments as a JSON string; the dataset's decoded form is left as it was.
+    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert record["tool_calls"] == [
+        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Bergen"}}, "id": "call_0"}
+    ]
+    assert (record["response"], record["tools"], record["finish_reason"]) == ("", [WEATHER], "tool_calls")
+
+
+def test_a_prompt_without_tools_sends_none():
+    with FaultProxy() as proxy:
+        [record] = run(proxy, prompts("call: weather Bergen"))
+        [body] = proxy.bodies
+    assert "tools" not in body and "tool_calls" not in record and "tools" not in record
+
+
 # ----- a real server (slow) -----
 
 SERVE_PROMPTS = ("What is 2+2?", "Name a colour.", "Say hello.")
