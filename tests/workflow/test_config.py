@@ -256,7 +256,7 @@ def test_source_not_a_mapping(raw):
 def test_merge_exclude_unknown_dataset(raw):
     raw["merge"]["exclude"] = ["chat", "poetry"]
     message = error_of(raw)
-    assert "merge.exclude: unknown dataset(s) ['poetry'] (known: ['chat', 'code', 'math'])" in message
+    assert "merge.exclude: unknown dataset(s) ['poetry'] (known: ['chat', 'code', 'math', 'tools'])" in message
 
 
 def test_merge_caps_unknown_dataset(raw):
@@ -271,7 +271,7 @@ def test_merge_caps_must_be_positive(raw):
 
 def test_nothing_left_to_merge(raw):
     raw["datasets"]["chat"]["enabled"] = False
-    raw["merge"]["exclude"] = ["code", "math"]
+    raw["merge"]["exclude"] = ["code", "math", "tools"]
     assert "no dataset is both enabled and not excluded from the merge" in error_of(raw)
 
 
