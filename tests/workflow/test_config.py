@@ -256,7 +256,9 @@ def test_source_not_a_mapping(raw):
 def test_merge_exclude_unknown_dataset(raw):
     raw["merge"]["exclude"] = ["chat", "poetry"]
     message = error_of(raw)
-    assert "merge.exclude: unknown dataset(s) ['poetry'] (known: ['chat', 'code', 'math', 'tools'])" in message
+    assert (
+        "merge.exclude: unknown dataset(s) ['poetry'] (known: ['chat', 'code', 'math', 'tools'])" in message
+    )
 
 
 def test_merge_caps_unknown_dataset(raw):

@@ -11,6 +11,7 @@ between that write and Snakemake's bookkeeping costs a rerun that requests nothi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from draftsmith import config as cfg
+from draftsmith.errors import GenerationError
 from draftsmith.formats.datasets import LoadedDataset, Prompt, load_prompts
 from draftsmith.formats.responses import Usage, cost_usd, record_usage
 from draftsmith.responses import turns
@@ -126,11 +128,11 @@ def run(
     started = time.time()
     if store.torn_lines:
         log.warning("answer store: dropped %d torn line(s) from an interrupted run", store.torn_lines)
-    asker = _Asker(dataset, store, backend)
-    if regenerate == "every_turn":
-        records, turn_stats = _every_turn(loaded, asker)
-    else:
-        records, turn_stats = _last_turn(loaded, asker), {}
+    with _Asker(dataset, store, backend) as asker:
+        if regenerate == "every_turn":
+            records, turn_stats = _every_turn(loaded, asker)
+        else:
+            records, turn_stats = _last_turn(loaded, asker), {}
     usage = Usage()
     for record in records:
         usage.add(record_usage(record))
@@ -164,7 +166,14 @@ class _Asker:
     def __init__(self, dataset: str, store: answers.AnswerStore, backend: Callable[[], Backend]) -> None:
         self.dataset, self.store, self._make = dataset, store, backend
         self._backend: Backend | None = None
+        self._held = contextlib.ExitStack()
         self.generated = 0
+
+    def __enter__(self) -> _Asker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._held.close()
 
     def ask(self, prompts: list[Prompt], known: list[dict]) -> None:
         """`known`: the records already answered (their usage counts against a budget)."""
@@ -191,7 +200,10 @@ class _Asker:
             bar.update(1)
             bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
 
-        self._backend = self._backend or self._make()
+        if self._backend is None:
+            self._backend = self._make()
+            if isinstance(self._backend, contextlib.AbstractContextManager):  # a server: one per job
+                self._backend = self._held.enter_context(self._backend)
         try:
             self._backend.generate(pending, emit, spent)
         finally:
@@ -200,14 +212,12 @@ class _Asker:
 
 def _last_turn(loaded: LoadedDataset, asker: _Asker) -> list[dict]:
     """One answer per prompt: the reply after its last user or tool turn."""
+    at = {p.id: answers.address(p.messages, p.tools) for p in loaded.prompts}
 
     def record(p: Prompt) -> dict:
-        return answers.as_record(
-            asker.store.get(answers.address(p.messages, p.tools)), p.id, asker.dataset, p.index
-        )
+        return answers.as_record(asker.store.get(at[p.id]), p.id, asker.dataset, p.index)
 
-    stored = [p for p in loaded.prompts if answers.address(p.messages, p.tools) in asker.store]
-    asker.ask(loaded.prompts, [record(p) for p in stored])
+    asker.ask(loaded.prompts, [record(p) for p in loaded.prompts if at[p.id] in asker.store])
     return [record(p) for p in loaded.prompts]
 
 
@@ -219,7 +229,10 @@ def _every_turn(loaded: LoadedDataset, asker: _Asker) -> tuple[list[dict], dict]
         pending = [w.pending for w in walks if w.pending is not None]
         if not pending:
             break
+        before = asker.generated
         asker.ask(pending, [r for w in walks for r in w.records])
+        if asker.generated == before:  # a backend that stored nothing would loop forever
+            raise GenerationError(f"{asker.dataset}: the backend answered none of {len(pending)} turns")
     records = [r for w in walks for r in w.records]
     return records, {
         "conversations": len(walks),
