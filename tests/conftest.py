@@ -48,6 +48,22 @@ def demo_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tools_model_dir(demo_model_dir, tmp_path_factory) -> Path:
+    """The demo model with the tests' tool-and-reasoning chat template (weights linked)."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("tools-model")
+    for item in Path(demo_model_dir).iterdir():
+        if item.suffix == ".safetensors":
+            (directory / item.name).symlink_to(item)
+        else:
+            shutil.copy(item, directory / item.name)
+    template = Path(__file__).parent / "tokens" / "templates" / "tools_reasoning.jinja"
+    (directory / "chat_template.jinja").write_text(template.read_text())
+    return directory
+
+
+@pytest.fixture(scope="session")
 def transformers_server(demo_model_dir):
     """A real `transformers serve` on loopback serving the demo model: (base_url, model name)."""
     from transformers_serve import start_transformers_serve

@@ -327,6 +327,31 @@ def _check_real(records: list[dict]) -> None:
 
 
 @pytest.mark.slow
+def test_real_server_renders_the_tools_and_earlier_calls(tools_model_dir):
+    """`transformers serve` renders the request's tools and structured calls with the model's
+    template: its prompt count is what the same template gives in process."""
+    from transformers_serve import start_transformers_serve
+
+    from draftsmith.runtime.process import free_port
+    from draftsmith.target.load import load_tokenizer, prompt_ids
+
+    earlier = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}, "id": "c1"}
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [earlier]},
+        {"role": "tool", "content": "-3 C", "tool_call_id": "c1"},
+    ]
+    records: list[dict] = []
+    with start_transformers_serve(tools_model_dir, free_port()) as url:
+        backend = OpenAIBackend("ds", openai_cfg(url, timeout_s=300), GENERATION, str(tools_model_dir))
+        backend.generate([Prompt("ds-0", 0, 1, messages, [WEATHER])], records.append, Usage())
+    [record] = records
+    tokenizer = load_tokenizer(tools_model_dir)
+    assert record["usage"]["prompt_tokens"] == len(prompt_ids(tokenizer, messages, [WEATHER]))
+    assert record["tools"] == [WEATHER] and record["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.slow
 def test_real_server(transformers_server):
     url, model = transformers_server
     records: list[dict] = []

@@ -4,10 +4,7 @@ the target, tool results kept when its calls match the dataset's, resume per tur
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
-
-import pytest
 
 from draftsmith.formats.datasets import LoadedDataset, Prompt
 from draftsmith.formats.responses import Usage, response_record
@@ -19,7 +16,6 @@ from draftsmith.store.plan import Artifact
 from draftsmith.target import load as target
 from draftsmith.tokens.chat import ChatTokenizer, tokenize_records
 
-TEMPLATE = Path(__file__).parents[1] / "tokens" / "templates" / "tools_reasoning.jinja"
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 GENERATION = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "seed": 0}
 
@@ -110,19 +106,6 @@ def test_a_call_unlike_the_datasets_ends_the_conversation_there(tmp_path):
         walked = turns.walk(conversation, store, "conv")
         assert (walked.pending, walked.ended_early, walked.calls_matched) == (None, True, 0)
         assert [r["id"] for r in walked.records] == ["conv-000000/1"]
-
-
-@pytest.fixture(scope="module")
-def tools_model_dir(demo_model_dir, tmp_path_factory) -> Path:
-    """The demo model with the tests' tool-and-reasoning template (weights linked)."""
-    directory = tmp_path_factory.mktemp("tools-model")
-    for item in Path(demo_model_dir).iterdir():
-        if item.suffix == ".safetensors":
-            (directory / item.name).symlink_to(item)
-        else:
-            shutil.copy(item, directory / item.name)
-    (directory / "chat_template.jinja").write_text(TEMPLATE.read_text())
-    return directory
 
 
 def run_every_turn(model_dir: Path, tmp_path: Path, conversations: list[Prompt], requests: list[int]) -> dict:
