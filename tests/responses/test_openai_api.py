@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import email.utils
 import json
 import logging
@@ -14,25 +13,15 @@ import traceback
 import urllib.parse
 
 import pytest
+from conftest import openai_cfg
 from fault_proxy import FaultProxy
 
-from draftsmith.config import load_schema
 from draftsmith.errors import BudgetReached, GenerationError
 from draftsmith.formats.datasets import Prompt
 from draftsmith.formats.responses import Usage
 from draftsmith.responses.openai_api import OpenAIBackend, parse_retry_after, redact
 
 GENERATION = {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}
-FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05, "timeout_s": 5}
-
-
-def openai_cfg(url: str, **overrides) -> dict:
-    """The schema's defaults for generation.openai, as config loading fills them in."""
-    props = load_schema()["properties"]["generation"]["properties"]["openai"]["properties"]
-    cfg = {name: copy.deepcopy(spec["default"]) for name, spec in props.items()}
-    cfg.update(base_url=url, **FAST)
-    cfg.update(overrides)
-    return cfg
 
 
 def prompts(*texts: str) -> list[Prompt]:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from conftest import openai_cfg
+from fault_proxy import FaultProxy
+
 from draftsmith.formats.datasets import LoadedDataset, Prompt
 from draftsmith.formats.responses import Usage, response_record
 from draftsmith.model.stage import describe
 from draftsmith.responses import stage, turns
 from draftsmith.responses.hf import HFBackend, split_tool_calls
+from draftsmith.responses.openai_api import OpenAIBackend
 from draftsmith.store import answers
 from draftsmith.store.plan import Artifact
 from draftsmith.target import load as target
@@ -108,11 +112,12 @@ def test_a_call_unlike_the_datasets_ends_the_conversation_there(tmp_path):
         assert [r["id"] for r in walked.records] == ["conv-000000/1"]
 
 
-def run_every_turn(model_dir: Path, tmp_path: Path, conversations: list[Prompt], requests: list[int]) -> dict:
+def hf_backend(model_dir: Path, requests: list[int]):
+    """The real hf backend, counting the prompts each round asks."""
     info = describe(model_dir, {"trust_remote_code": False, "probe_generation": False, "dtype": "float32"})
     hf_cfg = {"batch_size": 4, "device": "cpu", "attention": "sdpa"}
 
-    def backend() -> HFBackend:
+    def make() -> HFBackend:
         made = HFBackend("conv", str(model_dir), info, GENERATION, hf_cfg, "float32")
         generate = made.generate
         made.generate = lambda prompts, emit, spent: (
@@ -121,6 +126,10 @@ def run_every_turn(model_dir: Path, tmp_path: Path, conversations: list[Prompt],
         )
         return made
 
+    return make
+
+
+def run_every_turn(backend, tmp_path: Path, conversations: list[Prompt]) -> dict:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     outputs = {name: str(out / f"{name}.jsonl") for name in ("responses", "bad_rows")}
@@ -145,7 +154,7 @@ def test_every_turn_with_the_real_model_asks_each_turn_once_and_resumes_per_turn
         "conv-000001", 1, 2, [user("Hi!"), {"role": "assistant", "content": "Hello."}, user("Name a colour.")]
     )
     requests: list[int] = []
-    stats = run_every_turn(tools_model_dir, tmp_path, [tool_conversation(), plain], requests)
+    stats = run_every_turn(hf_backend(tools_model_dir, requests), tmp_path, [tool_conversation(), plain])
     # plain: 2 turns, the second after the target's own first reply. The tiny target makes no
     # call where the dataset made one, so that conversation ends after its first turn.
     assert (stats["conversations"], stats["regenerated_turns"], stats["ended_early"]) == (2, 3, 1)
@@ -163,7 +172,7 @@ def test_every_turn_with_the_real_model_asks_each_turn_once_and_resumes_per_turn
     lines = store_file.read_text().splitlines(keepends=True)
     store_file.write_text("".join(lines[:-1]))
     requests.clear()
-    again = run_every_turn(tools_model_dir, tmp_path, [tool_conversation(), plain], requests)
+    again = run_every_turn(hf_backend(tools_model_dir, requests), tmp_path, [tool_conversation(), plain])
     assert (again["answers_generated"], again["answers_reused"], requests) == (1, 2, [1])
     assert (
         json.loads(Path(tmp_path / "out" / "responses.jsonl").read_text().splitlines()[2])["id"]
@@ -171,7 +180,9 @@ def test_every_turn_with_the_real_model_asks_each_turn_once_and_resumes_per_turn
     )
     requests.clear()
     assert (
-        run_every_turn(tools_model_dir, tmp_path, [tool_conversation(), plain], requests)["answers_generated"]
+        run_every_turn(hf_backend(tools_model_dir, requests), tmp_path, [tool_conversation(), plain])[
+            "answers_generated"
+        ]
         == 0
     )
     assert requests == []
@@ -187,3 +198,26 @@ def test_every_turn_with_the_real_model_asks_each_turn_once_and_resumes_per_turn
     assert all(joined["loss_mask"][first_turn])
     assert sum(joined["loss_mask"]) == len(first["response_token_ids"]) + len(second["response_token_ids"])
     assert token_stats.tokens == sum(len(s["input_ids"]) for s in samples)
+
+
+def test_matching_calls_keep_the_datasets_results_through_an_openai_server(tmp_path):
+    """The canned server calls weather(Bergen) for a user turn "call: weather Bergen"."""
+    messages = [
+        user("call: weather Bergen"),
+        {"role": "assistant", "content": "", "tool_calls": [call("Bergen", id="d1")]},
+        {"role": "tool", "content": "rain", "tool_call_id": "d1"},
+        {"role": "assistant", "content": "Rain in Bergen."},
+        user("Thanks."),
+    ]
+    conversation = Prompt("conv-000000", 0, 1, messages, [WEATHER])
+    with FaultProxy() as proxy:
+        cfg = openai_cfg(proxy.url)
+        stats = run_every_turn(lambda: OpenAIBackend("conv", cfg, GENERATION, "m"), tmp_path, [conversation])
+        bodies = proxy.bodies
+    # Turn 1 matched the dataset's call, so turn 3 sees the dataset's result answering the
+    # target's own call id; there the canned server calls again where the dataset replied.
+    assert (stats["tool_calls_matched"], stats["ended_early"], stats["regenerated_turns"]) == (1, 1, 2)
+    assert len(bodies) == stats["answers_generated"] == 2
+    assert bodies[1]["messages"][1]["tool_calls"][0]["id"] == "call_0"
+    assert bodies[1]["messages"][2] == {"role": "tool", "content": "rain", "tool_call_id": "call_0"}
+    assert all(body["tools"] == [WEATHER] for body in bodies)
