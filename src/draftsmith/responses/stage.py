@@ -102,6 +102,9 @@ def make_backend(config: dict, dataset: str, entry: dict, info: dict, server_log
 
 
 class Backend(Protocol):
+    """A backend that is also a context manager (`sglang`: a server) is entered once per job
+    and serves every round of requests."""
+
     def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
         """Generate a record for each prompt and pass it to `emit` as soon as it is done.
 
