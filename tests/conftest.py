@@ -47,6 +47,36 @@ def demo_model_dir(tmp_path_factory) -> Path:
     return work / "hf"
 
 
+def openai_cfg(url: str, **overrides) -> dict:
+    """The schema's defaults for generation.openai, as config loading fills them in, with
+    fast retries for the fault proxy."""
+    import copy
+
+    from draftsmith.config import load_schema
+
+    props = load_schema()["properties"]["generation"]["properties"]["openai"]["properties"]
+    cfg = {name: copy.deepcopy(spec["default"]) for name, spec in props.items()}
+    cfg.update(base_url=url, backoff_s=0.01, max_backoff_s=0.05, timeout_s=5)
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def tools_model_dir(demo_model_dir, tmp_path_factory) -> Path:
+    """The demo model with the tests' tool-and-reasoning chat template (weights linked)."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("tools-model")
+    for item in Path(demo_model_dir).iterdir():
+        if item.suffix == ".safetensors":
+            (directory / item.name).symlink_to(item)
+        else:
+            shutil.copy(item, directory / item.name)
+    template = Path(__file__).parent / "tokens" / "templates" / "tools_reasoning.jinja"
+    (directory / "chat_template.jinja").write_text(template.read_text())
+    return directory
+
+
 @pytest.fixture(scope="session")
 def transformers_server(demo_model_dir):
     """A real `transformers serve` on loopback serving the demo model: (base_url, model name)."""

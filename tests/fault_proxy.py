@@ -133,6 +133,13 @@ def canned_completion(body: dict) -> dict:
     }
     if prompt.startswith("think:"):
         choice["message"]["reasoning_content"] = f"thinking about {len(prompt)} characters"
+    if prompt.startswith("call:") and body.get("tools"):  # "call: <function> <city>"
+        name, city = prompt.split()[1:3]
+        arguments = json.dumps({"city": city})
+        call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+        choice.update(
+            message={"role": "assistant", "content": None, "tool_calls": [call]}, finish_reason="tool_calls"
+        )
     if body.get("return_token_ids"):
         choice["token_ids"] = [len(w) for w in out]
     return {

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "datasets"
 HELDOUT = REPO / "resources" / "eval" / "heldout.jsonl"
 OK_CONVERSATION = [{"from": "human", "value": "fine"}]
-DEMO_FORMATS = {"chat": "messages", "code": "prompt", "math": "sharegpt"}
+DEMO_FORMATS = {"chat": "messages", "code": "prompt", "math": "sharegpt", "tools": "messages"}
 
 
 def entry(path: Path, fmt: str = "prompt", **overrides) -> dict:
@@ -126,6 +126,174 @@ def test_system_prompt_is_injected_only_when_row_has_none(tmp_path):
     assert load_prompts("m", entry(path, "messages")).prompts[0].messages == [user("Q")]
 
 
+# --- tool calls, tool turns, reasoning and role maps ------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "Today's weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def call(arguments: str | dict, **extra) -> dict:
+    return {"type": "function", "function": {"name": "weather", "arguments": arguments}} | extra
+
+
+def tool_conversation() -> list[dict]:
+    return [
+        user("Weather in Oslo?"),
+        {"role": "assistant", "content": "", "tool_calls": [call('{"city": "Oslo"}', id="c1")]},
+        {"role": "tool", "tool_call_id": "c1", "name": "weather", "content": "-3 C, snow"},
+        {"role": "assistant", "content": "Snowy, -3 C.", "reasoning_content": "Read the result."},
+        user("Thanks! And tomorrow?"),
+        {"role": "assistant", "content": "I cannot tell."},
+    ]
+
+
+def test_openai_tool_calls_tool_turns_reasoning_and_tools_are_kept(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"messages": tool_conversation(), "tools": [WEATHER]}])
+    prompt = load_prompts("t", entry(path, "messages")).prompts[0]
+    assert prompt.messages == [
+        user("Weather in Oslo?"),
+        {"role": "assistant", "content": "", "tool_calls": [call({"city": "Oslo"}, id="c1")]},
+        {"role": "tool", "content": "-3 C, snow", "tool_call_id": "c1", "name": "weather"},
+        {"role": "assistant", "content": "Snowy, -3 C.", "reasoning_content": "Read the result."},
+        user("Thanks! And tomorrow?"),
+    ]
+    assert prompt.tools == [WEATHER]
+
+
+def test_a_conversation_is_cut_after_its_last_tool_result(tmp_path):
+    path = write_jsonl(
+        tmp_path / "t.jsonl", [{"messages": tool_conversation()[:4], "tools": json.dumps([WEATHER])}]
+    )
+    prompt = load_prompts("t", entry(path, "messages")).prompts[0]
+    assert [m["role"] for m in prompt.messages] == ["user", "assistant", "tool"]
+    assert prompt.tools == [WEATHER]
+
+
+def test_a_sharegpt_variant_reads_calls_and_results_through_its_role_map(tmp_path):
+    bare = WEATHER["function"]  # LLaMA-Factory keeps bare schemas, as a JSON string
+    row = {
+        "conversations": [
+            {"from": "human", "value": "Weather in Oslo?"},
+            {"from": "function_call", "value": '{"name": "weather", "arguments": {"city": "Oslo"}}'},
+            {"from": "observation", "value": "-3 C, snow"},
+            {"from": "gpt", "value": "Snowy."},
+        ],
+        "tools": json.dumps([bare]),
+    }
+    path = write_jsonl(tmp_path / "s.jsonl", [row, {"conversations": OK_CONVERSATION}])
+    unmapped = only_bad(load_prompts("s", entry(path, "sharegpt")))
+    assert (unmapped.field, unmapped.reason) == ("conversations[1].from", "wrong-role")
+    roles = {"function_call": "tool_call", "observation": "tool"}
+    prompt = load_prompts("s", entry(path, "sharegpt", roles=roles)).prompts[0]
+    assert prompt.messages == [
+        user("Weather in Oslo?"),
+        {"role": "assistant", "content": "", "tool_calls": [call({"city": "Oslo"})]},
+        {"role": "tool", "content": "-3 C, snow"},
+    ]
+    assert prompt.tools == [WEATHER]
+
+
+def test_every_turn_keeps_the_whole_conversation(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"messages": tool_conversation(), "tools": [WEATHER]}])
+    prompt = load_prompts("t", entry(path, "messages", regenerate="every_turn")).prompts[0]
+    assert [m["role"] for m in prompt.messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert prompt.messages[1]["tool_calls"] == [call({"city": "Oslo"}, id="c1")]
+
+
+def test_a_prompt_without_tools_has_none(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Q", "tools": None}, {"prompt": "Q", "tools": []}])
+    assert [p.tools for p in load_prompts("p", entry(path)).prompts] == [None, None]
+
+
+def _with_turn(i: int, turn: dict) -> list[dict]:
+    turns = tool_conversation()
+    turns[i] = turn
+    return turns
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "reason", "detail"),
+    [
+        (
+            {"messages": _with_turn(1, {"role": "assistant", "tool_calls": [call('{"city": ')]})},
+            "messages[1].tool_calls[0].function.arguments",
+            "bad-json",
+            "not valid JSON",
+        ),
+        (
+            {"messages": _with_turn(1, {"role": "assistant", "tool_calls": [call("[1]")]})},
+            "messages[1].tool_calls[0].function.arguments",
+            "not-an-object",
+            "expected an object, got list",
+        ),
+        (
+            {
+                "messages": _with_turn(
+                    1, {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}
+                )
+            },
+            "messages[1].tool_calls[0].function.name",
+            "missing-field",
+            "field is missing",
+        ),
+        (
+            {"messages": _with_turn(1, {"role": "assistant", "tool_calls": "weather"})},
+            "messages[1].tool_calls",
+            "bad-json",
+            "not valid JSON",
+        ),
+        (
+            {"messages": _with_turn(1, {"role": "assistant", "content": "No call."})},
+            "messages[2].role",
+            "wrong-role",
+            "a tool turn cannot follow the assistant turn",
+        ),
+        (
+            {"messages": _with_turn(2, {"role": "tool", "content": ["-3"]})},
+            "messages[2].content",
+            "wrong-type",
+            "expected a string, got list",
+        ),
+        (
+            {"messages": _with_turn(3, {"role": "assistant", "content": "A", "reasoning_content": 7})},
+            "messages[3].reasoning_content",
+            "wrong-type",
+            "expected a string, got int",
+        ),
+        (
+            {"messages": tool_conversation(), "tools": {"name": "weather"}},
+            "tools",
+            "wrong-type",
+            "expected a list, got dict",
+        ),
+        (
+            {"messages": tool_conversation(), "tools": [{"type": "function", "function": {}}]},
+            "tools[0].function.name",
+            "missing-field",
+            "field is missing",
+        ),
+    ],
+)
+def test_a_tool_conversation_fault_names_its_field(tmp_path, row, field, reason, detail):
+    path = write_jsonl(tmp_path / "t.jsonl", [row, {"messages": [user("ok")]}])
+    bad = only_bad(load_prompts("t", entry(path, "messages")))
+    assert (bad.line, bad.field, bad.reason) == (1, field, reason)
+    assert detail in bad.detail
+
+
 # --- bad rows --------------------------------------------------------------------------
 
 
@@ -143,7 +311,7 @@ def test_each_bad_row_kind_is_reported_with_line_and_field(tmp_path):
     ]
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     loaded = load_prompts(
-        "d", entry(path, max_prompt_tokens=10), count_tokens=lambda m: len(m[-1]["content"])
+        "d", entry(path, max_prompt_tokens=10), count_tokens=lambda m, t: len(m[-1]["content"])
     )
     expected = [
         (2, None, "invalid-utf8"),
@@ -162,7 +330,9 @@ def test_each_bad_row_kind_is_reported_with_line_and_field(tmp_path):
 
 def test_over_long_is_decided_by_count_tokens_and_limit(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "short"}, {"prompt": "much longer"}])
-    loaded = load_prompts("p", entry(path, max_prompt_tokens=5), count_tokens=lambda m: len(m[-1]["content"]))
+    loaded = load_prompts(
+        "p", entry(path, max_prompt_tokens=5), count_tokens=lambda m, t: len(m[-1]["content"])
+    )
     assert [p.line for p in loaded.prompts] == [1]
     bad = only_bad(loaded)
     assert (bad.line, bad.reason) == (2, "over-long")
@@ -215,7 +385,7 @@ def test_sharegpt_conversation_faults(tmp_path, conversation, field, reason):
         tmp_path / "s.jsonl",
         [{"id": 1}, {"conversations": conversation}, {"conversations": OK_CONVERSATION}],
     )
-    loaded = load_prompts("s", entry(path, "sharegpt"), count_tokens=lambda m: 0)
+    loaded = load_prompts("s", entry(path, "sharegpt"), count_tokens=lambda m, t: 0)
     assert [(b.line, b.field, b.reason) for b in loaded.bad_rows] == [
         (1, "conversations", "missing-field"),
         (2, field, reason),
@@ -245,7 +415,7 @@ def test_count_tokens_sees_only_valid_rows_before_the_cap(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": ""}] + [{"prompt": f"q{i}"} for i in range(5)])
     seen: list[str] = []
 
-    def count(messages):
+    def count(messages, tools):
         seen.append(messages[-1]["content"])
         return 1
 
@@ -302,7 +472,7 @@ def test_a_prompt_too_long_in_characters_is_refused_without_tokenizing(tmp_path)
     )
     seen: list[int] = []
 
-    def count(messages):
+    def count(messages, tools):
         seen.append(sum(len(m["content"]) for m in messages))
         return 1
 
@@ -341,9 +511,9 @@ def test_a_huge_prompt_is_refused_before_the_real_tokenizer_sees_it(tmp_path, de
     seen: list[int] = []
     count = demo_count_tokens(demo_model_dir)
 
-    def counting(messages):
+    def counting(messages, tools):
         seen.append(len(messages[-1]["content"]))
-        return count(messages)
+        return count(messages, tools)
 
     loaded = load_prompts("p", entry(path), count_tokens=counting, max_token_chars=longest)
     assert seen == [4]
@@ -357,12 +527,10 @@ def test_a_huge_prompt_is_refused_before_the_real_tokenizer_sees_it(tmp_path, de
 
 def demo_count_tokens(model_dir: Path):
     """The prompt's length as the responses stage counts it, with the real demo tokenizer."""
-    from draftsmith.target.load import load_tokenizer
+    from draftsmith.target.load import load_tokenizer, prompt_ids
 
     tokenizer = load_tokenizer(model_dir)
-    return lambda messages: len(
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    )
+    return lambda messages, tools: len(prompt_ids(tokenizer, messages, tools))
 
 
 def test_a_row_nested_too_deep_is_a_bad_row(tmp_path):
@@ -489,9 +657,10 @@ def _normalised(text: str) -> str:
 @pytest.mark.parametrize("name", sorted(DEMO_FORMATS))
 def test_demo_datasets_are_clean(name):
     path = DEMO / f"{name}.jsonl"
-    loaded = load_prompts(name, entry(path, DEMO_FORMATS[name], max_bad_fraction=0.0))
+    regenerate = "every_turn" if name == "tools" else "last"  # as config.yaml declares them
+    loaded = load_prompts(name, entry(path, DEMO_FORMATS[name], max_bad_fraction=0.0, regenerate=regenerate))
     assert loaded.bad_rows == []
-    assert len(loaded.prompts) >= 50
+    assert len(loaded.prompts) >= (4 if name == "tools" else 50)
     assert loaded.total_rows == len(loaded.prompts)
 
 

@@ -135,6 +135,25 @@ def test_dataset_row_maps_stats_to_columns():
     assert {key for key, _ in report.COLUMNS} <= set(row)
 
 
+def test_conversation_figures_per_dataset_and_in_total():
+    turns = {"conversations": 10, "regenerated_turns": 25, "tool_calls_matched": 4, "ended_early": 3}
+    conv = report.dataset_row(
+        "conv",
+        responses_stats(10, 0, 0.0, 500) | turns | {"with_reasoning": 7},
+        tokens_stats(2000, 500, 25, 0.0),
+        20,
+    )
+    assert (conv["turns_per_conversation"], conv["supervised_share"]) == (2.5, 0.25)
+    assert (conv["tool_calls_matched"], conv["ended_early"], conv["with_reasoning"]) == (4, 3, 7)
+    # A manifest from before conversations were counted: one turn per prompt, nothing matched.
+    chat = report.dataset_row("chat", responses_stats(40, 0, 0.0, 100), tokens_stats(1000, 250, 40, 0.0), 40)
+    assert (chat["regenerated_turns"], chat["turns_per_conversation"], chat["ended_early"]) == (40, 1.0, 0)
+    total = report.totals([conv, chat])
+    assert (total["regenerated_turns"], total["conversations"], total["ended_early"]) == (65, 50, 3)
+    assert total["turns_per_conversation"] == 1.3 and total["supervised_share"] == 0.25
+    assert "| turns/conversation |" in report.markdown(data_report([conv, chat]))
+
+
 def test_totals_sum_and_weight_the_roundtrip_rate():
     rows = [
         report.dataset_row("chat", responses_stats(40, 2, 0.1, 100), tokens_stats(1000, 400, 30, 0.1), 30),

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import email.utils
 import json
 import logging
@@ -14,25 +13,15 @@ import traceback
 import urllib.parse
 
 import pytest
+from conftest import openai_cfg
 from fault_proxy import FaultProxy
 
-from draftsmith.config import load_schema
 from draftsmith.errors import BudgetReached, GenerationError
 from draftsmith.formats.datasets import Prompt
 from draftsmith.formats.responses import Usage
 from draftsmith.responses.openai_api import OpenAIBackend, parse_retry_after, redact
 
 GENERATION = {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}
-FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05, "timeout_s": 5}
-
-
-def openai_cfg(url: str, **overrides) -> dict:
-    """The schema's defaults for generation.openai, as config loading fills them in."""
-    props = load_schema()["properties"]["generation"]["properties"]["openai"]["properties"]
-    cfg = {name: copy.deepcopy(spec["default"]) for name, spec in props.items()}
-    cfg.update(base_url=url, **FAST)
-    cfg.update(overrides)
-    return cfg
 
 
 def prompts(*texts: str) -> list[Prompt]:
@@ -279,6 +268,39 @@ def test_key_never_leaks(caplog, monkeypatch):
     assert not [t for t in everything if key in t]
 
 
+# ----- tools -----
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+def test_tools_and_earlier_calls_reach_the_server_and_calls_come_back_structured():
+    earlier = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}, "id": "c1"}
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [earlier]},
+        {"role": "tool", "content": "-3 C", "tool_call_id": "c1"},
+        {"role": "user", "content": "call: weather Bergen"},
+    ]
+    with FaultProxy() as proxy:
+        [record] = run(proxy, [Prompt("ds-0", 0, 1, messages, [WEATHER])])
+        [body] = proxy.bodies
+    assert body["tools"] == [WEATHER]
+    # The API takes arguments as a JSON string; the dataset's decoded form is left as it was.
+    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert record["tool_calls"] == [
+        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Bergen"}}, "id": "call_0"}
+    ]
+    assert (record["response"], record["tools"], record["finish_reason"]) == ("", [WEATHER], "tool_calls")
+
+
+def test_a_prompt_without_tools_sends_none():
+    with FaultProxy() as proxy:
+        [record] = run(proxy, prompts("call: weather Bergen"))
+        [body] = proxy.bodies
+    assert "tools" not in body and "tool_calls" not in record and "tools" not in record
+
+
 # ----- a real server (slow) -----
 
 SERVE_PROMPTS = ("What is 2+2?", "Name a colour.", "Say hello.")
@@ -291,6 +313,31 @@ def _check_real(records: list[dict]) -> None:
         assert record["finish_reason"] in ("stop", "length")
         assert record["usage"]["prompt_tokens"] > 0
         assert 0 < record["usage"]["completion_tokens"] <= GENERATION["max_new_tokens"]
+
+
+@pytest.mark.slow
+def test_real_server_renders_the_tools_and_earlier_calls(tools_model_dir):
+    """`transformers serve` renders the request's tools and structured calls with the model's
+    template: its prompt count is what the same template gives in process."""
+    from transformers_serve import start_transformers_serve
+
+    from draftsmith.runtime.process import free_port
+    from draftsmith.target.load import load_tokenizer, prompt_ids
+
+    earlier = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}, "id": "c1"}
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [earlier]},
+        {"role": "tool", "content": "-3 C", "tool_call_id": "c1"},
+    ]
+    records: list[dict] = []
+    with start_transformers_serve(tools_model_dir, free_port()) as url:
+        backend = OpenAIBackend("ds", openai_cfg(url, timeout_s=300), GENERATION, str(tools_model_dir))
+        backend.generate([Prompt("ds-0", 0, 1, messages, [WEATHER])], records.append, Usage())
+    [record] = records
+    tokenizer = load_tokenizer(tools_model_dir)
+    assert record["usage"]["prompt_tokens"] == len(prompt_ids(tokenizer, messages, [WEATHER]))
+    assert record["tools"] == [WEATHER] and record["finish_reason"] in ("stop", "length")
 
 
 @pytest.mark.slow

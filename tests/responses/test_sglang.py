@@ -136,6 +136,8 @@ if worker == 0:
     time.sleep(600)
     os._exit(0)
 (here / "argv.json").write_text(json.dumps(sys.argv[1:]))
+with (here / "starts.log").open("a") as starts:
+    starts.write("start;")
 print("fake sglang: ready", flush=True)
 
 
@@ -209,3 +211,30 @@ def test_backend_runs_generation_inside_the_server_and_tears_it_down(tmp_path, m
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[:4] == ["-m", "sglang.launch_server", "--model-path", MODEL]
     assert "fake sglang: ready" in log_path.read_text()
+
+
+def test_a_held_backend_keeps_one_server_for_every_round(tmp_path, monkeypatch):
+    """`every_turn` asks in rounds: the job holds the backend, so SGLang starts once."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_SGLANG.format(python=sys.executable))
+    fake.chmod(0o755)
+
+    class StubOpenAIBackend:  # the delegate's own behaviour is tested elsewhere
+        def __init__(self, dataset, openai_cfg, generation, served_model):
+            pass
+
+        def generate(self, prompts, emit, spent):
+            emit({"id": prompts[0], "running": len(running_with(str(fake)))})
+
+    stub = types.ModuleType("draftsmith.responses.openai_api")
+    stub.OpenAIBackend = StubOpenAIBackend
+    monkeypatch.setitem(sys.modules, "draftsmith.responses.openai_api", stub)
+    cfg = _cfg(python=str(fake), port=free_port(), startup_timeout_s=30)
+    backend = SGLangBackend("ds", MODEL, cfg, {}, {"max_new_tokens": 8}, tmp_path / "sglang.log")
+    emitted: list[dict] = []
+    with backend:
+        for prompt in ("p0", "p1", "p2"):
+            backend.generate([prompt], emitted.append, Usage())
+    assert emitted == [{"id": p, "running": 3} for p in ("p0", "p1", "p2")]
+    assert (tmp_path / "starts.log").read_text() == "start;"
+    assert running_with(str(fake)) == []

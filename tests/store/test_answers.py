@@ -54,6 +54,19 @@ def test_address_is_the_messages_content_only():
     assert len(answers.address(first)) == 64
 
 
+def test_tools_are_part_of_the_address_and_a_stored_answer_checks_them(tmp_path):
+    tools = [{"type": "function", "function": {"name": "weather"}}]
+    first = messages("Hi")
+    assert answers.address(first, tools) != answers.address(first)
+    assert answers.address(first, None) == answers.address(first, []) == answers.address(first)
+    with_tools = record("Hi") | {"tools": tools}
+    assert answers.problem(answers.stored(with_tools, answers.address(first, tools))) is None
+    assert (
+        answers.problem(answers.stored(with_tools, answers.address(first)))
+        == "address is not its prompt's hash"
+    )
+
+
 def test_generation_key_hashes_model_and_semantic_settings(tmp_path):
     config = stand_in_config(tmp_path)
     plan = configure(copy.deepcopy(config))

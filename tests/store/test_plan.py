@@ -122,6 +122,28 @@ def test_excluding_a_dataset_changes_only_merged_key(base, plan_of):
     assert plan.merge_caps() == {}  # caps of an excluded dataset do not count
 
 
+def test_a_role_map_and_a_regeneration_mode_move_only_their_datasets_keys(base, plan_of):
+    base["datasets"]["chat"]["format"] = "sharegpt"
+    before = all_keys(plan_of(base))
+    base["datasets"]["chat"]["roles"] = {}  # the default: keys as before role maps
+    assert all_keys(plan_of(base)) == before
+    base["datasets"]["chat"]["roles"] = {"observation": "tool", "function_call": "tool_call"}
+    after = all_keys(plan_of(base))
+    assert after["responses"]["chat"] != before["responses"]["chat"]
+    assert {n: k for n, k in after["responses"].items() if n != "chat"} == {
+        n: k for n, k in before["responses"].items() if n != "chat"
+    }
+    base["datasets"]["chat"]["roles"] = {}
+    base["datasets"]["chat"]["regenerate"] = "every_turn"
+    assert all_keys(plan_of(base))["responses"]["chat"] not in (
+        before["responses"]["chat"],
+        after["responses"]["chat"],
+    )
+    base["datasets"]["chat"]["roles"] = {"observation": "robot"}
+    with pytest.raises(cfg.ConfigError, match="robot"):
+        plan_of(base)
+
+
 def test_disabled_dataset_gets_no_keys(base, plan_of):
     before = all_keys(plan_of(base))
     base["datasets"]["code"]["enabled"] = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -575,3 +576,99 @@ def test_tokens_threads_follow_the_responses_size(tmp_path):
     assert resources.tokens_threads(str(small)) == 1
     assert resources.tokens_threads(str(large)) == resources.TOKENS_WORKERS
     assert resources.tokens_threads(str(tmp_path / "missing.jsonl")) == 1
+
+
+# --- tool calls, tool turns and reasoning (a template that renders them) ----------------
+
+TOOLS_TEMPLATE = (Path(__file__).parent / "templates" / "tools_reasoning.jinja").read_text()
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+OSLO = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}, "id": "c1"}
+
+
+@pytest.fixture(scope="module")
+def tools_tokenizer(tokenizer):
+    tools = copy.deepcopy(tokenizer)
+    tools.chat_template = TOOLS_TEMPLATE
+    return tools
+
+
+def test_a_tool_call_turn_is_supervised_with_the_calls_the_template_renders(tools_tokenizer):
+    messages = [user("Weather in Oslo?")]
+    rec = record(messages, "", tools=[WEATHER], tool_calls=[OSLO], reasoning="Ask the tool.")
+    sample, _ = encode_one(chat(tools_tokenizer), rec)
+    prefix, supervised = split(sample)
+    assert prefix == target.prompt_ids(tools_tokenizer, messages, [WEATHER])
+    assert '"name": "weather"' in tools_tokenizer.decode(prefix)  # the schemas reach the template
+    assert tools_tokenizer.decode(supervised) == (
+        "<think>\nAsk the tool.\n</think>\n\n"
+        '\n<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>' + EOT
+    )
+
+
+def test_dataset_turns_before_the_reply_are_context_only(tools_tokenizer):
+    messages = [
+        user("Weather in Oslo?"),
+        {"role": "assistant", "content": "", "tool_calls": [OSLO], "reasoning_content": "Dataset thought."},
+        {"role": "tool", "content": "-3 C, snow", "tool_call_id": "c1"},
+    ]
+    rec = record(messages, "Snowy, -3 C.", tools=[WEATHER], reasoning="Read it.")
+    sample, stats = encode_one(chat(tools_tokenizer), rec)
+    prefix, supervised = split(sample)
+    assert prefix == target.prompt_ids(tools_tokenizer, messages, [WEATHER])
+    assert "Dataset thought." in tools_tokenizer.decode(prefix)
+    assert tools_tokenizer.decode(supervised) == "<think>\nRead it.\n</think>\n\nSnowy, -3 C." + EOT
+    assert stats.supervised_tokens == len(supervised)
+
+
+# Its generation prompt opens a think block that a finished turn without reasoning lacks.
+OPEN_THINK_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>\\n' -}}{%- endif -%}"
+)
+
+
+def test_a_template_that_renders_the_context_otherwise_is_an_error_naming_record_and_turn(tokenizer):
+    """The model would be trained on a context it is never served: an error, not a shift."""
+    open_think = copy.deepcopy(tokenizer)
+    open_think.chat_template = OPEN_THINK_TEMPLATE
+    messages = [user("Q1"), {"role": "assistant", "content": "A1"}, user("Q2")]
+    with pytest.raises(TokenizeError, match=r"r7 turn 3: the template renders the context differently"):
+        tokenize_records([record(messages, "A2", rid="r7")], chat(open_think), "demo")
+
+
+def test_a_supervised_share_below_the_floor_names_dataset_and_share(tokenizer):
+    records = [record([user("Tell me everything. " * 40)], "No.", rid=f"r{i}") for i in range(3)]
+    samples, stats = tokenize_records(records, chat(tokenizer), "demo", min_supervised_share=0.01)
+    share = stats.supervised_tokens / stats.tokens
+    assert len(samples) == 3 and share < 0.05
+    with pytest.raises(
+        TokenizeError,
+        match=rf"dataset 'demo': supervised share {share:.2%} .* below min_supervised_share 5.00%",
+    ):
+        tokenize_records(records, chat(tokenizer), "demo", min_supervised_share=0.05)
+
+
+def test_a_turn_whose_earlier_reasoning_the_template_drops_is_a_sample_of_its_own(tools_tokenizer):
+    """Turn 1 is served with its reasoning, turn 3 with turn 1's reasoning dropped: each is
+    trained on the context it was served, so they are not joined; a turn whose context
+    nests (no reasoning to drop) joins its conversation's sample."""
+    first = [user("Q1")]
+    second = [*first, {"role": "assistant", "content": "A1", "reasoning_content": "R1"}, user("Q2")]
+    records = [
+        record(first, "A1", rid="c-000000/1", reasoning="R1"),
+        record(second, "A2", rid="c-000000/3"),
+        record(first, "B1", rid="c-000001/1"),
+        record([*first, {"role": "assistant", "content": "B1"}, user("Q2")], "B2", rid="c-000001/3"),
+    ]
+    samples, stats = tokenize_records(records, chat(tools_tokenizer), "demo")
+    assert [s["id"] for s in samples] == ["c-000000/1", "c-000000/3", "c-000001/3"]
+    assert stats.turns_joined == 1
+    _, supervised = split(samples[1])
+    assert "R1" not in tools_tokenizer.decode(samples[1]["input_ids"])
+    assert tools_tokenizer.decode(supervised) == "A2" + EOT
+    joined = samples[2]
+    assert tools_tokenizer.decode(
+        [i for i, m in zip(joined["input_ids"], joined["loss_mask"], strict=True) if m]
+    ) == ("B1" + EOT + "B2" + EOT)

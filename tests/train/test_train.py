@@ -173,6 +173,16 @@ def test_split_and_epoch_plan_are_deterministic(hidden, spec):
     assert len({data.where[k][0] for k in seen}) == NUM_SHARDS
 
 
+def test_the_turns_of_one_conversation_are_on_one_side_of_the_split():
+    ids = [f"chat-{i:06d}/{turn}" for i in range(40) for turn in (1, 3, 5)]
+    held = held_out_ids(ids, 0.2)
+    assert held and all({f"{i.split('/')[0]}/{t}" for t in (1, 3, 5)} <= held for i in held)
+    assert id_fraction("chat-000007/3") == id_fraction("chat-000007")
+    few = ["a-000000/1", "a-000000/3", "a-000001/1"]
+    smallest = min(("a-000000", "a-000001"), key=id_fraction)
+    assert held_out_ids(few, 1e-9) == {i for i in few if i.startswith(smallest + "/")}  # all its turns
+
+
 def test_a_stored_row_that_is_not_the_mix_sample_is_refused(hidden, tmp_path):
     import shutil
 

@@ -39,7 +39,11 @@ def test_default_config_loads_and_fills_defaults():
     assert config["generation"]["openai"]["model"] is None
     assert config["generation"]["sglang"]["port"] == 30000
     assert config["generation"]["sglang"]["extra_args"] == []
-    assert config["dataset_defaults"] == {"max_bad_fraction": 0.05, "max_prompt_tokens": 4096}
+    assert config["dataset_defaults"] == {
+        "max_bad_fraction": 0.05,
+        "max_prompt_tokens": 4096,
+        "min_supervised_share": 0.01,
+    }
     assert config["merge"]["exclude"] == []
     assert config["merge"]["caps"] == {}
     # ...as do absent fields of sections that are present, while given values win.
@@ -252,7 +256,9 @@ def test_source_not_a_mapping(raw):
 def test_merge_exclude_unknown_dataset(raw):
     raw["merge"]["exclude"] = ["chat", "poetry"]
     message = error_of(raw)
-    assert "merge.exclude: unknown dataset(s) ['poetry'] (known: ['chat', 'code', 'math'])" in message
+    assert (
+        "merge.exclude: unknown dataset(s) ['poetry'] (known: ['chat', 'code', 'math', 'tools'])" in message
+    )
 
 
 def test_merge_caps_unknown_dataset(raw):
@@ -267,7 +273,7 @@ def test_merge_caps_must_be_positive(raw):
 
 def test_nothing_left_to_merge(raw):
     raw["datasets"]["chat"]["enabled"] = False
-    raw["merge"]["exclude"] = ["code", "math"]
+    raw["merge"]["exclude"] = ["code", "math", "tools"]
     assert "no dataset is both enabled and not excluded from the merge" in error_of(raw)
 
 

@@ -1,6 +1,8 @@
 """The data report: per dataset samples, bad rows, tokens, truncation, round trips, cost,
-and the prompts and replies holding special-token text (control tokens in a prompt,
-plain text in a reply: `draftsmith.tokens.chat`)."""
+the prompts and replies holding special-token text (control tokens in a prompt, plain
+text in a reply: `draftsmith.tokens.chat`), and the conversations: target-written turns
+per conversation, tool calls matched, conversations ended early (`responses.turns`),
+replies with reasoning and the supervised share of the tokens."""
 
 from __future__ import annotations
 
@@ -12,6 +14,12 @@ COLUMNS = [
     ("merged", "merged"),
     ("tokens", "tokens"),
     ("supervised_tokens", "supervised"),
+    ("supervised_share", "supervised share"),
+    ("turns_per_conversation", "turns/conversation"),
+    ("regenerated_turns", "regenerated turns"),
+    ("tool_calls_matched", "tool calls matched"),
+    ("ended_early", "ended early"),
+    ("with_reasoning", "with reasoning"),
     ("truncated", "truncated"),
     ("dropped", "dropped"),
     ("roundtrip_mismatch_rate", "round-trip mismatch"),
@@ -22,23 +30,38 @@ COLUMNS = [
 
 
 def dataset_row(name: str, responses: dict, tokens: dict, merged: int) -> dict:
-    return {
-        "dataset": name,
-        "rows": responses["rows"],
-        "bad_rows": responses["bad_rows"],
-        "generated": responses["samples"],
-        "completion_tokens": responses["completion_tokens"],
-        "cost_usd": responses["cost_usd"],
-        "merged": merged,
-        "tokens": tokens["tokens"],
-        "supervised_tokens": tokens["supervised_tokens"],
-        "truncated": tokens["truncated"],
-        "dropped": tokens["dropped_no_supervised"],
-        "with_backend_ids": tokens["with_backend_ids"],
-        "roundtrip_mismatch_rate": tokens["roundtrip_mismatch_rate"],
-        "prompts_with_special_text": tokens["prompts_with_special_text"],
-        "replies_with_special_text": tokens["replies_with_special_text"],
-    }
+    return _shares(
+        {
+            "dataset": name,
+            "rows": responses["rows"],
+            "bad_rows": responses["bad_rows"],
+            "generated": responses["samples"],
+            "completion_tokens": responses["completion_tokens"],
+            "cost_usd": responses["cost_usd"],
+            "merged": merged,
+            "tokens": tokens["tokens"],
+            "supervised_tokens": tokens["supervised_tokens"],
+            "truncated": tokens["truncated"],
+            "dropped": tokens["dropped_no_supervised"],
+            "with_backend_ids": tokens["with_backend_ids"],
+            "roundtrip_mismatch_rate": tokens["roundtrip_mismatch_rate"],
+            "prompts_with_special_text": tokens["prompts_with_special_text"],
+            "replies_with_special_text": tokens["replies_with_special_text"],
+            # Manifests written before conversations were counted: one turn per prompt.
+            "conversations": responses.get("conversations", responses["samples"]),
+            "regenerated_turns": responses.get("regenerated_turns", responses["samples"]),
+            "tool_calls_matched": responses.get("tool_calls_matched", 0),
+            "ended_early": responses.get("ended_early", 0),
+            "with_reasoning": responses.get("with_reasoning", 0),
+        }
+    )
+
+
+def _shares(row: dict) -> dict:
+    """A row of counts with its ratios added."""
+    supervised = row["supervised_tokens"] / row["tokens"] if row["tokens"] else None
+    turns = row["regenerated_turns"] / row["conversations"] if row["conversations"] else None
+    return row | {"supervised_share": supervised, "turns_per_conversation": turns}
 
 
 def totals(rows: list[dict]) -> dict:
@@ -55,8 +78,13 @@ def totals(rows: list[dict]) -> dict:
         "replies_with_special_text",
         "completion_tokens",
         "cost_usd",
+        "conversations",
+        "regenerated_turns",
+        "tool_calls_matched",
+        "ended_early",
+        "with_reasoning",
     )
-    total = {k: sum(r[k] for r in rows) for k in summed}
+    total = _shares({k: sum(r[k] for r in rows) for k in summed})
     total["dataset"] = "total"
     total["cost_usd"] = round(total["cost_usd"], 6)
     checked = [r for r in rows if r["roundtrip_mismatch_rate"] is not None]

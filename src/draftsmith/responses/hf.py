@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from draftsmith.target.special_tokens import stop_ids
 
 if TYPE_CHECKING:
     from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.datasets import structured_calls
 from draftsmith.formats.responses import Usage, response_record
 
 log = logging.getLogger(__name__)
@@ -42,9 +44,7 @@ class HFBackend:
         torch.manual_seed(generation["seed"])
 
     def _encode(self, prompt: Prompt) -> list[int]:
-        return self.tokenizer.apply_chat_template(
-            prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
+        return target.prompt_ids(self.tokenizer, prompt.messages, prompt.tools)
 
     def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
         encoded = [(p, self._encode(p)) for p in prompts]
@@ -66,17 +66,35 @@ class HFBackend:
             text_ids, finish = generated[:-1], "stop"
         else:
             text_ids, finish = generated, "length"
+        text, calls = self.tokenizer.decode(text_ids), None
+        if prompt.tools:
+            text, calls = split_tool_calls(text)
         return response_record(
             prompt_id=prompt.id,
             dataset=self.dataset,
             index=prompt.index,
             messages=prompt.messages,
-            response=self.tokenizer.decode(text_ids),
+            tools=prompt.tools,
+            response=text,
+            tool_calls=calls,
             finish_reason=finish,
             usage=Usage(len(prompt_ids), len(generated)),
             response_token_ids=generated,
             prompt_token_ids=prompt_ids,
         )
+
+
+# Calls as Hermes-style templates have the model write them (Qwen, Hermes, the tests'
+# template): a JSON object {name, arguments} between <tool_call> tags.
+_TOOL_CALL = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def split_tool_calls(text: str) -> tuple[str, list[dict] | None]:
+    """The reply text before its calls, and the calls as structured calls (as an
+    OpenAI-compatible server parses them); the text as is when none parse."""
+    blocks = _TOOL_CALL.findall(text)
+    calls = structured_calls("[" + ",".join(blocks) + "]") if blocks else None
+    return (text[: _TOOL_CALL.search(text).start()], calls) if calls else (text, None)
 
 
 ATTENTION = ("sdpa", "sdpa_no_cudnn", "grouped_decode")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from draftsmith.errors import BudgetReached, GenerationError
+from draftsmith.formats.datasets import structured_calls
 from draftsmith.formats.responses import Usage, cost_usd, response_record
 
 if TYPE_CHECKING:
@@ -158,6 +159,7 @@ class _Retryable(Exception):
 class _Answer:
     content: str
     reasoning: str | None
+    tool_calls: list[dict] | None
     finish_reason: str | None
     usage: Usage
     token_ids: list[int] | None
@@ -308,10 +310,12 @@ class OpenAIBackend:
             dataset=self.dataset,
             index=prompt.index,
             messages=prompt.messages,
+            tools=prompt.tools,
             response=answer.content,
             finish_reason=answer.finish_reason,
             usage=answer.usage,
             reasoning=answer.reasoning,
+            tool_calls=answer.tool_calls,
             response_token_ids=answer.token_ids,
             prompt_token_ids=answer.prompt_token_ids,
         )
@@ -321,12 +325,14 @@ class OpenAIBackend:
     def _body(self, prompt: Prompt) -> dict:
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": prompt.messages,
+            "messages": [_wire_message(m) for m in prompt.messages],
             "max_tokens": self.generation["max_new_tokens"],
             "temperature": self.generation["temperature"],
             "top_p": self.generation["top_p"],
             "seed": self.generation["seed"],
         }
+        if prompt.tools:
+            body["tools"] = prompt.tools
         if self.cfg["request_token_ids"]:
             body.update(TOKEN_ID_FIELDS)
         body.update(self.cfg["extra_body"])
@@ -430,6 +436,7 @@ class OpenAIBackend:
         return _Answer(
             content=message.get("content") or "",
             reasoning=message.get("reasoning_content") or message.get("reasoning") or None,
+            tool_calls=structured_calls(message["tool_calls"]) if message.get("tool_calls") else None,
             finish_reason=choice.get("finish_reason"),
             usage=self._usage(data.get("usage")),
             # vLLM and SGLang: choice.token_ids; SGLang's meta_info carries output_ids.
@@ -451,6 +458,18 @@ class OpenAIBackend:
                 self.dataset,
             )
         return Usage()
+
+
+def _wire_message(message: dict) -> dict:
+    """A message as the API takes it: tool-call arguments as a JSON string (datasets keep
+    them decoded, as chat templates read them)."""
+    if "tool_calls" not in message:
+        return message
+    calls = [
+        call | {"function": call["function"] | {"arguments": json.dumps(call["function"]["arguments"])}}
+        for call in message["tool_calls"]
+    ]
+    return message | {"tool_calls": calls}
 
 
 async def _first_error(tasks: list[asyncio.Task]) -> None:

@@ -65,20 +65,31 @@ class SGLangBackend:
         # Our own server serves model_dir and needs no key: never send it a paid-API key.
         url = f"{server_url(sglang_cfg)}/v1"
         self.openai_cfg = {**openai_cfg, "base_url": url, "model": None, "api_key_env": None}
+        self._server: ManagedServer | None = None
 
-    def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
-        server = ManagedServer(
+    def __enter__(self) -> SGLangBackend:
+        """Keep one server for every `generate` until exit (the rounds of `every_turn`)."""
+        self._server = ManagedServer(
             self.cmd,
             health_url=f"{server_url(self.sglang_cfg)}/health",
             log_path=self.log_path,
             startup_timeout_s=self.sglang_cfg["startup_timeout_s"],
             name=f"sglang server for {self.dataset}",
         )
-        with server:
-            # Imported here: the OpenAI backend (and its client) is only needed now.
-            from draftsmith.responses.openai_api import OpenAIBackend
+        self._server.__enter__()
+        return self
 
-            backend = OpenAIBackend(
-                self.dataset, self.openai_cfg, self.generation, served_model=self.model_dir
-            )
-            backend.generate(prompts, emit, spent)
+    def __exit__(self, *exc: object) -> None:
+        server, self._server = self._server, None
+        server.__exit__(*exc)
+
+    def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
+        """Inside the server this backend holds, else inside one started for this call."""
+        if self._server is None:
+            with self:
+                return self.generate(prompts, emit, spent)
+        # Imported here: the OpenAI backend (and its client) is only needed now.
+        from draftsmith.responses.openai_api import OpenAIBackend
+
+        backend = OpenAIBackend(self.dataset, self.openai_cfg, self.generation, served_model=self.model_dir)
+        backend.generate(prompts, emit, spent)

@@ -11,6 +11,7 @@ between that write and Snakemake's bookkeeping costs a rerun that requests nothi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,14 +19,16 @@ from pathlib import Path
 from typing import Protocol
 
 from draftsmith import config as cfg
+from draftsmith.errors import GenerationError
 from draftsmith.formats.datasets import LoadedDataset, Prompt, load_prompts
 from draftsmith.formats.responses import Usage, cost_usd, record_usage
+from draftsmith.responses import turns
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import TokenRate, progress
 from draftsmith.runtime.resources import responses_gpus
 from draftsmith.store import answers, atomic, manifest
 from draftsmith.store.plan import Artifact, plan_for
-from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info
+from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info, prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +60,8 @@ def _responses(
     info = model_info(inputs["model"])
     tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
 
-    def count_tokens(messages: list[dict]) -> int:
-        return len(
-            tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
+    def count_tokens(messages: list[dict], tools: list[dict] | None) -> int:
+        return len(prompt_ids(tokenizer, messages, tools))
 
     loaded = load_prompts(
         dataset, entry, count_tokens, longest_token_chars(tokenizer), planned_sha256=artifact.params["source"]
@@ -77,6 +76,7 @@ def _responses(
         store=store,
         outputs=outputs,
         openai_cfg=config["generation"]["openai"],
+        regenerate=entry["regenerate"],
     )
 
 
@@ -102,6 +102,9 @@ def make_backend(config: dict, dataset: str, entry: dict, info: dict, server_log
 
 
 class Backend(Protocol):
+    """A backend that is also a context manager (`sglang`: a server) is entered once per job
+    and serves every round of requests."""
+
     def generate(self, prompts: list[Prompt], emit: Callable[[dict], None], spent: Usage) -> None:
         """Generate a record for each prompt and pass it to `emit` as soon as it is done.
 
@@ -119,43 +122,20 @@ def run(
     store: answers.AnswerStore,
     outputs: dict,
     openai_cfg: dict,
+    regenerate: str = "last",
 ) -> dict:
     """Generate what the answer `store` (held) lacks, then write `outputs` (responses,
-    bad_rows, manifest). `backend` makes the backend, only when there is something to ask."""
+    bad_rows, manifest). `backend` makes the backend, only when there is something to ask.
+    `regenerate` "last": one answer per prompt; "every_turn": every assistant turn of each
+    conversation (`responses.turns`), one record per turn."""
     started = time.time()
-    addresses = {p.id: answers.address(p.messages) for p in loaded.prompts}
     if store.torn_lines:
         log.warning("answer store: dropped %d torn line(s) from an interrupted run", store.torn_lines)
-    reused = [p for p in loaded.prompts if addresses[p.id] in store]
-    # One request per distinct prompt: a prompt repeated in the dataset is asked once.
-    pending = list({addresses[p.id]: p for p in loaded.prompts if addresses[p.id] not in store}.values())
-    log.info(
-        "%s: %d prompts, %d already answered in the store, %d to generate",
-        dataset,
-        len(loaded.prompts),
-        len(reused),
-        len(pending),
-    )
-    spent = Usage()
-    for p in reused:
-        spent.add(record_usage(store.get(addresses[p.id])))
-
-    bar = progress(len(loaded.prompts), f"generate {dataset}", initial=len(reused))
-    rate = TokenRate()
-
-    def emit(record: dict) -> None:
-        # Stored under the address of the prompt as read, whatever the backend echoes.
-        store.put(record, addresses[record["id"]])
-        bar.update(1)
-        bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
-
-    try:
-        if pending:  # nothing to ask: no model loaded, no server started
-            backend().generate(pending, emit, spent)
-    finally:
-        bar.close()
-    records = [answers.as_record(store.get(addresses[p.id]), p.id, dataset, p.index) for p in loaded.prompts]
-
+    with _Asker(dataset, store, backend) as asker:
+        if regenerate == "every_turn":
+            records, turn_stats = _every_turn(loaded, asker)
+        else:
+            records, turn_stats = _last_turn(loaded, asker), {}
     usage = Usage()
     for record in records:
         usage.add(record_usage(record))
@@ -172,12 +152,97 @@ def run(
         "finish_reasons": _count(r["finish_reason"] for r in records),
         "with_token_ids": sum(r["response_token_ids"] is not None for r in records),
         "with_reasoning": sum(bool(r["reasoning"]) for r in records),
+        "with_tool_calls": sum(bool(r.get("tool_calls")) for r in records),
         # Answers requested from the backend by this job, and those found in the answer store.
-        "answers_generated": len(pending),
-        "answers_reused": len(reused),
+        "answers_generated": asker.generated,
+        "answers_reused": len(records) - asker.generated,
+        **turn_stats,
     }
     manifest.write(artifact, outputs["manifest"], [outputs["responses"], outputs["bad_rows"]], stats, started)
     return stats
+
+
+class _Asker:
+    """Asks the backend (made on first need) for the prompts the store lacks, each distinct
+    prompt once, and stores each answer as it completes."""
+
+    def __init__(self, dataset: str, store: answers.AnswerStore, backend: Callable[[], Backend]) -> None:
+        self.dataset, self.store, self._make = dataset, store, backend
+        self._backend: Backend | None = None
+        self._held = contextlib.ExitStack()
+        self.generated = 0
+
+    def __enter__(self) -> _Asker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._held.close()
+
+    def ask(self, prompts: list[Prompt], known: list[dict]) -> None:
+        """`known`: the records already answered (their usage counts against a budget)."""
+        addresses = {p.id: answers.address(p.messages, p.tools) for p in prompts}
+        pending = list({addresses[p.id]: p for p in prompts if addresses[p.id] not in self.store}.values())
+        log.info(
+            "%s: %d prompts, %d already answered in the store, %d to generate",
+            self.dataset,
+            len(prompts),
+            sum(addresses[p.id] in self.store for p in prompts),
+            len(pending),
+        )
+        if not pending:  # nothing to ask: no model loaded, no server started
+            return
+        spent = Usage()
+        for record in known:
+            spent.add(record_usage(record))
+        bar, rate = progress(len(pending), f"generate {self.dataset}"), TokenRate()
+
+        def emit(record: dict) -> None:
+            # Stored under the address of the prompt as read, whatever the backend echoes.
+            self.store.put(record, addresses[record["id"]])
+            self.generated += 1
+            bar.update(1)
+            bar.set_postfix_str(rate.add(record["usage"]["completion_tokens"]), refresh=False)
+
+        if self._backend is None:
+            self._backend = self._make()
+            if isinstance(self._backend, contextlib.AbstractContextManager):  # a server: one per job
+                self._backend = self._held.enter_context(self._backend)
+        try:
+            self._backend.generate(pending, emit, spent)
+        finally:
+            bar.close()
+
+
+def _last_turn(loaded: LoadedDataset, asker: _Asker) -> list[dict]:
+    """One answer per prompt: the reply after its last user or tool turn."""
+    at = {p.id: answers.address(p.messages, p.tools) for p in loaded.prompts}
+
+    def record(p: Prompt) -> dict:
+        return answers.as_record(asker.store.get(at[p.id]), p.id, asker.dataset, p.index)
+
+    asker.ask(loaded.prompts, [record(p) for p in loaded.prompts if at[p.id] in asker.store])
+    return [record(p) for p in loaded.prompts]
+
+
+def _every_turn(loaded: LoadedDataset, asker: _Asker) -> tuple[list[dict], dict]:
+    """Every conversation's turns in rounds: round n asks each unfinished conversation's
+    first unanswered turn, so a turn is asked once the target's previous one is stored."""
+    while True:
+        walks = [turns.walk(p, asker.store, asker.dataset) for p in loaded.prompts]
+        pending = [w.pending for w in walks if w.pending is not None]
+        if not pending:
+            break
+        before = asker.generated
+        asker.ask(pending, [r for w in walks for r in w.records])
+        if asker.generated == before:  # a backend that stored nothing would loop forever
+            raise GenerationError(f"{asker.dataset}: the backend answered none of {len(pending)} turns")
+    records = [r for w in walks for r in w.records]
+    return records, {
+        "conversations": len(walks),
+        "regenerated_turns": len(records),
+        "tool_calls_matched": sum(w.calls_matched for w in walks),
+        "ended_early": sum(w.ended_early for w in walks),
+    }
 
 
 def _count(values) -> dict[str, int]:

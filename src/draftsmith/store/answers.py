@@ -40,10 +40,12 @@ class AnswerStoreDamaged(DraftsmithError):
     pass
 
 
-def address(messages: list[dict]) -> str:
-    """An answer's address within its generation key: the sha256 of the prompt's messages as
-    canonical JSON (key order and whitespace of the source do not matter)."""
-    return sha256_bytes(canonical_json({"messages": messages}).encode())
+def address(messages: list[dict], tools: list[dict] | None = None) -> str:
+    """An answer's address within its generation key: the sha256 of the prompt's messages
+    and tool schemas (when any) as canonical JSON (key order and whitespace of the source
+    do not matter; a prompt without tools keeps the address it had before tools)."""
+    prompt = {"messages": messages, "tools": tools} if tools else {"messages": messages}
+    return sha256_bytes(canonical_json(prompt).encode())
 
 
 def _digest(answer: dict) -> str:
@@ -70,8 +72,8 @@ def problem(answer: dict) -> str | None:
     try:
         if answer.get(SHA256) != _digest(answer):
             return "sha256 mismatch"
-        if answer[ADDRESS] != address(answer["messages"]):
-            return "address is not its messages' hash"
+        if answer[ADDRESS] != address(answer["messages"], answer.get("tools")):
+            return "address is not its prompt's hash"
     except (KeyError, TypeError, AttributeError):
         return "not an answer record"
     return None

@@ -485,7 +485,7 @@ class Plan:
         elif cfg.generation_dtype(self.config) != self.config["model"]["dtype"]:
             # The model key holds model.dtype; a different generation dtype changes the output.
             generation["hf_dtype"] = cfg.generation_dtype(self.config)
-        return {
+        params = {
             "source": self._source_hash(entry["path"]),
             "format": entry["format"],
             "prompt_field": entry["prompt_field"] if entry["format"] == "prompt" else None,
@@ -494,6 +494,12 @@ class Plan:
             "max_prompt_tokens": entry["max_prompt_tokens"],
             "generation": generation,
         }
+        # Absent at their defaults: the keys of before role maps and regeneration modes.
+        if entry["roles"] and entry["format"] != "prompt":
+            params["roles"] = entry["roles"]
+        if entry["regenerate"] != "last" and entry["format"] != "prompt":
+            params["regenerate"] = entry["regenerate"]
+        return params
 
     # --- paths that are not one of an artifact's fixed files -------------------------
     def shard(self, name: str, part: str = "index") -> Path:

@@ -21,6 +21,14 @@ def load_tokenizer(hf_dir: str | Path, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
 
 
+def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """A conversation's ids as a server conditions on them: the chat template's rendering
+    (with the tool schemas, when any) and the generation prompt."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
 def longest_token_chars(tokenizer) -> int:
     """The most characters one token stands for (the longest vocabulary entry, added tokens
     included): a text of n characters has at least n / this many tokens. Byte-level entries

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from draftsmith.errors import TokenizeError
+from draftsmith.formats.merged import conversation_of
+from draftsmith.formats.responses import reply_message
 from draftsmith.target import special_tokens
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class TokenizeStats:
     special_boundary_violations: int = 0
     prompts_with_special_text: int = 0
     replies_with_special_text: int = 0
+    turns_joined: int = 0  # turn records trained inside their conversation's next sample
     dropped_ids: list[str] = field(default_factory=list)
 
     def add(self, other: TokenizeStats) -> None:
@@ -92,25 +95,35 @@ class ChatTokenizer:
         return bool(text) and self._special_split.search(text) is not None
 
     def render(self, record: dict) -> Rendered:
-        reply = {"role": "assistant", "content": record["response"]}
-        if record.get("reasoning"):
-            reply["reasoning_content"] = record["reasoning"]
+        """The record's turn as serving renders it: the context with the generation prompt
+        must be a prefix of the conversation that includes the turn, else the model would
+        be trained on text it never sees (an error naming the record and the turn)."""
+        tools = record.get("tools")
         template = self.tokenizer.apply_chat_template
-        prompt_text = template(record["messages"], tokenize=False, add_generation_prompt=True)
-        full_text = template(record["messages"] + [reply], tokenize=False)
-        where = f"{record['id']}"
+        prompt_text = template(record["messages"], tools=tools, tokenize=False, add_generation_prompt=True)
+        full_text = template([*record["messages"], reply_message(record)], tools=tools, tokenize=False)
+        where = f"{record['id']} turn {len(record['messages'])}"
         if not full_text.startswith(prompt_text):
-            raise TokenizeError(f"{where}: the template renders the prompt differently once a reply follows")
+            raise TokenizeError(
+                f"{where}: the template renders the context differently once this turn follows; "
+                "training text would not be serving text"
+            )
         reply_at = full_text.find(record["response"], len(prompt_text))
         if reply_at < 0:
             raise TokenizeError(f"{where}: the rendered conversation does not contain the reply")
         end = reply_at + len(record["response"])
         content = [(reply_at, end), *self._reasoning_span(record, full_text, len(prompt_text), reply_at)]
         if record["finish_reason"] != "length":
-            if not full_text.startswith(self.eot_text, end):
-                raise TokenizeError(f"{where}: no end-of-turn {self.eot_text!r} after the reply")
-            end += len(self.eot_text)
+            end = self._turn_end(record, full_text, end, where)
         return Rendered(prompt_text, full_text, len(prompt_text), end, content)
+
+    def _turn_end(self, record: dict, full_text: str, reply_end: int, where: str) -> int:
+        """The end of the turn's end-of-turn text: right after the reply, or after the tool
+        calls the template renders there."""
+        at = full_text.find(self.eot_text, reply_end) if record.get("tool_calls") else reply_end
+        if at < 0 or not full_text.startswith(self.eot_text, at):
+            raise TokenizeError(f"{where}: no end-of-turn {self.eot_text!r} after the reply")
+        return at + len(self.eot_text)
 
     @staticmethod
     def _reasoning_span(record: dict, full_text: str, start: int, reply_at: int) -> list[tuple[int, int]]:
@@ -209,7 +222,31 @@ class ChatTokenizer:
 
 def _encode_all(records: list[dict], chat: ChatTokenizer) -> tuple[list[dict], TokenizeStats]:
     stats = TokenizeStats()
-    return [s for r in records if (s := chat.encode(r, stats)) is not None], stats
+    samples: list[dict] = []
+    for record in records:
+        if (sample := chat.encode(record, stats)) is not None:
+            _append_turn(samples, sample, stats)
+    return samples, stats
+
+
+def _append_turn(samples: list[dict], sample: dict, stats: TokenizeStats) -> None:
+    """A conversation's next turn joins its previous turn's sample when that sample's ids
+    are a prefix of the turn's context: the model was served exactly that text when it
+    wrote the turn, so one sample trains both turns. Where the template renders the earlier
+    turn otherwise (it drops earlier reasoning, or re-tokenizes a reply differently from
+    the ids the backend returned) the turn stays a sample of its own, with its own context."""
+    last = samples[-1] if samples else None
+    if (
+        last is None
+        or conversation_of(last["id"]) != conversation_of(sample["id"])
+        or sample["input_ids"][: len(last["input_ids"])] != last["input_ids"]
+    ):
+        samples.append(sample)
+        return
+    size = len(last["input_ids"])
+    samples[-1] = sample | {"loss_mask": last["loss_mask"] + sample["loss_mask"][size:]}
+    stats.tokens -= size
+    stats.turns_joined += 1
 
 
 _worker_chat: ChatTokenizer | None = None
@@ -244,11 +281,18 @@ def _encode_in_workers(
 
 
 def tokenize_records(
-    records, chat: ChatTokenizer, dataset: str, workers: int = 1, chunk: int = 1000
+    records,
+    chat: ChatTokenizer,
+    dataset: str,
+    workers: int = 1,
+    chunk: int = 1000,
+    min_supervised_share: float = 0.0,
 ) -> tuple[list[dict], TokenizeStats]:
     """Every record's sample (those without supervised tokens dropped) and the counts.
     With `workers` > 1 and more than `chunk` records, chunks run in worker processes;
-    the result is the same as in one process."""
+    the result is the same as in one process. A dataset whose supervised share of its
+    samples' tokens is below `min_supervised_share` is an error (a template that marks
+    too little, or prompts that crowd out the replies), before any state is extracted."""
     records = list(records)
     if workers > 1 and len(records) > chunk:
         samples, stats = _encode_in_workers(records, chat, workers, chunk)
@@ -261,6 +305,12 @@ def tokenize_records(
         )
     if stats.supervised_tokens == 0:
         raise TokenizeError(f"{dataset}: the chat template yields zero supervised tokens")
+    share = stats.supervised_tokens / stats.tokens
+    if share < min_supervised_share:
+        raise TokenizeError(
+            f"dataset {dataset!r}: supervised share {share:.2%} ({stats.supervised_tokens} of "
+            f"{stats.tokens} tokens) is below min_supervised_share {min_supervised_share:.2%}"
+        )
     if stats.prompts_with_special_text or stats.replies_with_special_text:
         log.warning(
             "%s: special-token text in %d prompt(s) (control tokens, as a server reads them) and "

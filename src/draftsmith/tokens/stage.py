@@ -6,6 +6,7 @@ import json
 import logging
 import time
 
+from draftsmith import config as cfg
 from draftsmith.errors import TokenizeError
 from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import plan_for
@@ -26,7 +27,9 @@ def tokens(
     chat = ChatTokenizer(
         tokenizer, info["special_tokens"]["end_of_turn"]["ids"], config["tokenize"]["max_length"]
     )
-    samples, stats = tokenize_records(atomic.read_jsonl(inputs["responses"]), chat, dataset, workers)
+    floor = cfg.dataset_settings(config, dataset)["min_supervised_share"]
+    records = atomic.read_jsonl(inputs["responses"])
+    samples, stats = tokenize_records(records, chat, dataset, workers, min_supervised_share=floor)
     rate = stats.as_dict()["roundtrip_mismatch_rate"]
     limit = config["tokenize"]["max_roundtrip_mismatch"]
     if rate is not None and rate > limit:
