@@ -261,7 +261,7 @@ def run(root: Path, plan: Plan | None, fix: bool, configfiles: list[str], say=pr
     findings = [f for f in findings if f not in unassigned]
     if unassigned:
         say("samples files of shards not extracted yet are damaged: delete the views that list those")
-        say("  shards (hidden/<view key>/assignment.json), so that the next run assigns them again")
+        say("  shards (each mix's view under hidden/<view key>/), so that the next run assigns them again")
     if findings and (fix or corrupt == 0):
         say("rebuild exactly these with:\n  " + rebuild_command(findings, configfiles))
     elif not fix and (corrupt or damaged):
