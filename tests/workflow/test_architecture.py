@@ -17,7 +17,7 @@ from draftsmith.store.keys import STAGES
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "draftsmith"
 STAGE_PACKAGES = {*STAGES, "report"}
-INFRASTRUCTURE = {"store", "runtime", "target", "formats", "draft", "config", "errors"}
+INFRASTRUCTURE = {"store", "runtime", "target", "formats", "draft", "config", "errors", "speculation"}
 
 
 def module_name(path: Path) -> str:

@@ -9,10 +9,10 @@ read arguments through here, so a spelling SGLang accepts cannot slip past one o
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import ConfigError
+from draftsmith.speculation import Speculation
 
 
 def parse_flags(args: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -82,28 +82,15 @@ def base_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
     return cmd
 
 
-@dataclass(frozen=True)
-class Speculation:
-    """A speculative-decoding setting as SGLang's launch flags name it: draft steps, drafts
-    kept per step, tokens verified per step (the root included). A chain of k is (k, 1, k+1)."""
-
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-
-    @classmethod
-    def chain(cls, k: int) -> Speculation:
-        return cls(k, 1, k + 1)
-
-    def flags(self, algorithm: str, draft_dir: str | Path | None = None) -> list[str]:
-        """The launch flags of this setting; with `draft_dir`, those that load the draft from it."""
-        draft = [] if draft_dir is None else draft_flags(draft_dir)
-        return [
-            "--speculative-algorithm", algorithm, *draft,
-            "--speculative-num-steps", str(self.num_steps),
-            "--speculative-eagle-topk", str(self.topk),
-            "--speculative-num-draft-tokens", str(self.num_draft_tokens),
-        ]  # fmt: skip
+def speculative_flags(setting: Speculation, algorithm: str, draft_dir: str | Path | None = None) -> list[str]:
+    """The launch flags of `setting`; with `draft_dir`, those that load the draft from it."""
+    draft = [] if draft_dir is None else draft_flags(draft_dir)
+    return [
+        "--speculative-algorithm", algorithm, *draft,
+        "--speculative-num-steps", str(setting.num_steps),
+        "--speculative-eagle-topk", str(setting.topk),
+        "--speculative-num-draft-tokens", str(setting.num_draft_tokens),
+    ]  # fmt: skip
 
 
 def draft_flags(draft_dir: str | Path) -> list[str]:

@@ -6,9 +6,8 @@ machine's; server_args.py:1715-1856 and arg_groups/speculative_hook.py) and 0.5.
 parser CI installs, requirements/sglang-parser.txt; arg_groups/fields/spec.py):
 
 - A chain of k draft tokens is `--speculative-algorithm EAGLE3 --speculative-num-steps k
-  --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`. With topk 1, SGLang
-  replaces any other num_draft_tokens by k+1 and only logs a warning, so a config asking
-  for another value is refused rather than reported under a label it does not have.
+  --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`; a config asking for
+  another num_draft_tokens is refused (`draftsmith.speculation`).
 - EAGLE instead of EAGLE3 gives an EAGLE-3 draft the single last-layer state (H) instead
   of the three aux layers (3H), without an error (is_eagle() vs is_eagle3()).
 - Extra args in `_REFUSED` change what is measured without an error (random draft
@@ -25,9 +24,8 @@ Plan-time checks (`check_config`, called from config validation) see only the co
 `check_draft` repeats the context check against the exported config.json at run time.
 `launch_command` also builds the evaluator's recommended launch (a chain or a tree), and
 `check_launch` has SGLang's own argument parser read it where SGLang is importable.
-`draft_command` serves any setting, chain or tree: the configured chains go through
-`build_command` and its refusals, the settings search's best settings (valid trees and
-chains by the search's own grid check) directly.
+`draft_command` serves any setting, chain or tree: the configured chains
+(`configured_chain`) and the settings search's best settings.
 """
 
 from __future__ import annotations
@@ -43,14 +41,15 @@ from draftsmith.errors import ConfigError, DraftsmithError
 from draftsmith.runtime.sglang import (
     DRAFT_QUANTIZATION,
     UNQUANTIZED,
-    Speculation,
     abbreviates,
     base_launch_command,
     check_owned_flags,
     flag_names,
     owned_flags,
     parse_flags,
+    speculative_flags,
 )
+from draftsmith.speculation import Speculation
 from draftsmith.store.plan import EXPORT_FILES
 
 SECTION = "serve_benchmark"
@@ -104,10 +103,6 @@ class ServeBenchError(ConfigError):
     """A benchmark that would measure something other than it says, or an answer that does not fit."""
 
 
-def num_draft_tokens(bench_cfg: dict, k: int) -> int:
-    return bench_cfg["num_draft_tokens"] or k + 1
-
-
 def launch_settings(bench_cfg: dict, port: int) -> dict:
     """The generation.sglang-shaped block `base_launch_command` reads, for one server."""
     sglang = bench_cfg["sglang"]
@@ -115,36 +110,18 @@ def launch_settings(bench_cfg: dict, port: int) -> dict:
     return {**{key: sglang[key] for key in keys}, "host": HOST, "port": port}
 
 
-def build_command(
-    model_dir: str | Path,
-    bench_cfg: dict,
-    port: int,
-    *,
-    draft_dir: str | Path | None = None,
-    k: int | None = None,
-) -> list[str]:
-    """The `sglang.launch_server` command: the plain target, or with the draft for a chain of `k`."""
-    if (draft_dir is None) != (k is None):
-        raise ServeBenchError("a draft server needs both the draft directory and k; the baseline neither")
-    if k is None:
-        return launch_command(model_dir, bench_cfg, port)
-    check_chain(bench_cfg, k)
-    chain = Speculation(k, bench_cfg["eagle_topk"], num_draft_tokens(bench_cfg, k))
-    return draft_command(model_dir, bench_cfg, port, draft_dir, chain)
-
-
 def draft_command(
     model_dir: str | Path, bench_cfg: dict, port: int, draft_dir: str | Path, setting: Speculation
 ) -> list[str]:
     """The `sglang.launch_server` command of the target with the draft at `setting`."""
-    flags = setting.flags(bench_cfg["speculative_algorithm"], draft_dir)
+    flags = speculative_flags(setting, bench_cfg["speculative_algorithm"], draft_dir)
     return launch_command(model_dir, bench_cfg, port, flags)
 
 
 def launch_command(
     model_dir: str | Path, bench_cfg: dict, port: int, speculative: Sequence[str] = ()
 ) -> list[str]:
-    """`bench_cfg`'s server for `model_dir`, the `speculative` flags (`Speculation.flags`), then
+    """`bench_cfg`'s server for `model_dir`, the `speculative` flags (`speculative_flags`), then
     the extra args, refused if they would change what is served."""
     extra = [str(arg) for arg in bench_cfg["sglang"]["extra_args"]]
     check_extra_args(extra)
@@ -185,7 +162,7 @@ def check_config(config: dict) -> None:
     checks: list[Callable[[], None]] = [
         lambda: _check_prompt_set(bench, config["evaluate"]["prompt_sets"]),
         lambda: check_algorithm(bench["speculative_algorithm"]),
-        *[lambda k=k: check_chain(bench, k) for k in bench["k"]],
+        *[lambda k=k: configured_chain(bench, k) for k in bench["k"]],
         lambda: check_extra_args([str(a) for a in bench["sglang"]["extra_args"]]),
         lambda: _check_planned_context(config),
     ]
@@ -226,19 +203,20 @@ def check_algorithm(algorithm: str, architectures: list[str] | None = None) -> N
         )
 
 
-def check_chain(bench_cfg: dict, k: int) -> None:
-    """A chain of k: topk 1 and k+1 draft tokens, or SGLang runs something else than asked."""
+def configured_chain(bench_cfg: dict, k: int) -> Speculation:
+    """The configured chain of `k`, refused unless SGLang runs it as that chain."""
     if bench_cfg["eagle_topk"] != 1:
         raise ServeBenchError(
             f"{SECTION}.eagle_topk: {bench_cfg['eagle_topk']}: the benchmark measures chains "
             "(topk 1); a tree of drafts has no single k to report"
         )
-    tokens = num_draft_tokens(bench_cfg, k)
-    if tokens != k + 1:
-        raise ServeBenchError(
-            f"{SECTION}.num_draft_tokens: {tokens} for k={k}: a chain of k verifies k+1 tokens "
-            f"({k + 1}); SGLang would silently use {k + 1} (leave num_draft_tokens null)"
-        )
+    tokens = bench_cfg["num_draft_tokens"]
+    chain = Speculation.chain(k) if tokens is None else Speculation(k, 1, tokens)
+    try:
+        chain.check()
+    except ValueError as exc:
+        raise ServeBenchError(f"{SECTION}.num_draft_tokens for k={k}: {exc} (leave it null)") from None
+    return chain
 
 
 def check_extra_args(extra: list[str]) -> None:
