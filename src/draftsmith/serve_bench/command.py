@@ -10,11 +10,10 @@ parser CI installs, requirements/sglang-parser.txt; arg_groups/fields/spec.py):
   another num_draft_tokens is refused (`draftsmith.speculation`).
 - EAGLE instead of EAGLE3 gives an EAGLE-3 draft the single last-layer state (H) instead
   of the three aux layers (3H), without an error (is_eagle() vs is_eagle3()).
-- Extra args in `_REFUSED` change what is measured without an error (random draft
-  weights, a foreign vocabulary map, lossy acceptance, a k that moves at run time, a draft
-  attending to a window only or keeping its KV cache in another dtype, another verification).
-  Flags SGLang added later are refused too (the draft KV dtype and the sink since 0.5.20 and
-  0.5.21, block verification since 0.5.23), as is 0.5.16's older spelling of the window.
+- Extra args in `runtime.sglang.REFUSED` change what is measured without an error (random
+  draft weights, a foreign vocabulary map, lossy acceptance, a k that moves at run time, a
+  draft attending to a window only or keeping its KV cache in another dtype, another
+  verification); every launch refuses them, each with its reason.
 - Without a quantization of its own the draft gets the target's `--quantization`, so draft
   servers set `--speculative-draft-model-quantization unquant` (`draft_flags`).
 - SGLANG_SIMULATE_ACC_LEN in the server's environment makes SGLang fake the acceptance
@@ -37,13 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from draftsmith.config import export_serving_context
-from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.errors import ConfigError
+from draftsmith.runtime import sglang
 from draftsmith.runtime.sglang import (
     DRAFT_QUANTIZATION,
     UNQUANTIZED,
-    abbreviates,
-    base_launch_command,
-    check_owned_flags,
+    SGLangConfigError,
     flag_names,
     owned_flags,
     parse_flags,
@@ -58,8 +56,6 @@ EAGLE3 = "EAGLE3"
 # The benchmark's servers answer on loopback only: they have no API key.
 HOST = "127.0.0.1"
 SIMULATE_ACCEPTANCE_ENV = "SGLANG_SIMULATE_ACC_LEN"
-_LOAD_FORMAT = "--load-format"
-_RANDOM_WEIGHTS = "dummy"
 
 # Flags the builder sets beyond `base_launch_command`'s, mapped to what to configure instead.
 _OWNED = {
@@ -72,31 +68,6 @@ _OWNED = {
     "--host": f"nothing (the benchmark serves on {HOST})",
     DRAFT_QUANTIZATION: f"nothing (draft servers run the draft as exported: {UNQUANTIZED})",
 }
-_LOSSY = "accepts draft tokens the target would not choose: AL rises and the output is not the target's"
-_MOVING_K = "changes the number of draft steps at run time, so the result would not belong to its k"
-_WINDOW = "limits the draft's attention to recent positions, short of the context it was exported for"
-_VERIFY = "replaces greedy verification, which the benchmark measures"
-_REFUSED = {
-    "--speculative-draft-load-format": "can load random draft weights (dummy): acceptance ~1 and no error",
-    "--speculative-token-map": "replaces the draft's own vocabulary map (d2t) with another table",
-    "--speculative-accept-threshold-single": _LOSSY,
-    "--speculative-accept-threshold-acc": _LOSSY,
-    "--speculative-adaptive": _MOVING_K,
-    "--speculative-adaptive-config": _MOVING_K,
-    "--enable-multi-layer-eagle": "runs a multi-layer EAGLE draft; the export has one layer",
-    "--speculative-draft-window-size": _WINDOW,
-    "--speculative-dflash-draft-window-size": _WINDOW,  # 0.5.16's older spelling
-    "--speculative-draft-sink-size": _WINDOW,
-    "--speculative-draft-kv-cache-dtype": "gives the draft's KV cache a dtype of its own (fp8: less precise)",
-    # Under it 0.5.16 samples the proposals of greedy requests too (they run at temperature 1,
-    # top-k 1; speculative/spec_utils.py, sample_draft_proposal); 0.5.21 takes their top token.
-    "--speculative-use-rejection-sampling": f"{_VERIFY} (0.5.16 then samples the draft's proposals)",
-    "--speculative-use-block-verification": f"{_VERIFY} (and turns rejection sampling on)",
-    "--config": "a config file could set any of these flags unseen",
-    # Secrets come from the environment, never from a config; the loopback server needs none.
-    "--api-key": "puts a secret in the config, and the benchmark's requests carry no key",
-    "--admin-api-key": "puts a secret in the config, and the benchmark's requests carry no key",
-}
 
 
 class ServeBenchError(ConfigError):
@@ -104,10 +75,10 @@ class ServeBenchError(ConfigError):
 
 
 def launch_settings(bench_cfg: dict, port: int) -> dict:
-    """The generation.sglang-shaped block `base_launch_command` reads, for one server."""
-    sglang = bench_cfg["sglang"]
-    keys = ("python", "tp_size", "mem_fraction_static", "context_length")
-    return {**{key: sglang[key] for key in keys}, "host": HOST, "port": port}
+    """The generation.sglang-shaped block `runtime.sglang.launch_command` reads, for one server."""
+    configured = bench_cfg["sglang"]
+    keys = ("python", "tp_size", "mem_fraction_static", "context_length", "extra_args")
+    return {**{key: configured[key] for key in keys}, "host": HOST, "port": port}
 
 
 def draft_command(
@@ -123,9 +94,13 @@ def launch_command(
 ) -> list[str]:
     """`bench_cfg`'s server for `model_dir`, the `speculative` flags (`speculative_flags`), then
     the extra args, refused if they would change what is served."""
-    extra = [str(arg) for arg in bench_cfg["sglang"]["extra_args"]]
-    check_extra_args(extra)
-    return base_launch_command(str(model_dir), launch_settings(bench_cfg, port)) + list(speculative) + extra
+    settings = launch_settings(bench_cfg, port)
+    try:
+        return sglang.launch_command(
+            str(model_dir), settings, SGLANG_SECTION, flags=speculative, owned=_OWNED, speculative=True
+        )
+    except SGLangConfigError as exc:
+        raise ServeBenchError(str(exc)) from None
 
 
 def check_launch(cmd: list[str], checked: Sequence[str]) -> bool:
@@ -222,19 +197,9 @@ def configured_chain(bench_cfg: dict, k: int) -> Speculation:
 def check_extra_args(extra: list[str]) -> None:
     """Refuse extra args that repeat builder flags or would falsify the measurement."""
     try:
-        check_owned_flags(extra, owned_flags(SGLANG_SECTION) | _OWNED, SGLANG_SECTION)
-    except DraftsmithError as exc:
+        sglang.check_extra_args(extra, SGLANG_SECTION, _OWNED, speculative=True)
+    except SGLangConfigError as exc:
         raise ServeBenchError(str(exc)) from None
-    for flag, values in parse_flags(extra):
-        value = values[0] if values else None
-        if abbreviates(flag, _LOAD_FORMAT) and value == _RANDOM_WEIGHTS:
-            raise ServeBenchError(
-                f"{SGLANG_SECTION}.extra_args: {flag} {value} loads random weights (for the draft "
-                "too): the benchmark would measure noise"
-            )
-        refused = next((name for name in _REFUSED if abbreviates(flag, name)), None)
-        if refused:
-            raise ServeBenchError(f"{SGLANG_SECTION}.extra_args: {flag} is refused: it {_REFUSED[refused]}")
 
 
 def _check_planned_context(config: dict) -> None:
