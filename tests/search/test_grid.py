@@ -97,10 +97,10 @@ def test_schema_bounds_name_the_key(search, key):
 def test_default_prompt_set_is_the_first_by_name_and_off_with_the_evaluator(tmp_path):
     sets = {name: {"path": "x.jsonl"} for name in ("zeta", "alpha")}
     config = config_with(evaluate={"prompt_sets": sets})
-    assert cfg.search_prompt_set(config) == "alpha" and cfg.search_enabled(config)
+    assert cfg.search_prompt_set(config) == "alpha" and cfg.stage_on(config, "search")
     assert cfg.served_search_settings(config) == 3
     config = config_with({"prompt_set": "nowhere"}, evaluate={"enabled": False})
-    assert not cfg.search_enabled(config) and cfg.served_search_settings(config) == 0
+    assert not cfg.stage_on(config, "search") and cfg.served_search_settings(config) == 0
     off = {
         "search": {"prompt_set": "nowhere"},
         "evaluate": {"enabled": False},
