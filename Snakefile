@@ -9,9 +9,9 @@ import os
 
 from draftsmith.config import (
     apply_command_line,
-    search_enabled,
     search_prompt_set,
     served_search_settings,
+    stage_on,
 )
 from draftsmith.runtime.resources import (
     evaluate_gpus,
@@ -67,8 +67,8 @@ rule all:
         rules.train.output,
         rules.export.output,
         rules.report_html.output,
-        rules.search.output if search_enabled(config) else [],
-        rules.serve_bench.output if config["serve_benchmark"]["enabled"] else [],
+        rules.search.output if stage_on(config, "search") else [],
+        rules.serve_bench.output if stage_on(config, "serve_bench") else [],
         # Every artifact the config builds, so a deleted directory is rebuilt (its
         # dependents stay: their inputs count by content, see rules/common.smk).
         [str(artifact.manifest) for artifact in PLAN.built],

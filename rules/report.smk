@@ -24,20 +24,22 @@ rule report:
             metrics=[str(PLAN.metrics(i)) for i in range(PLAN.num_segments)],
             benchmark=(
                 [str(PLAN.evaluate.path("json"))]
-                if config["evaluate"]["enabled"]
+                if stage_on(config, "evaluate")
                 else []
             ),
             serve_benchmark=(
                 [str(PLAN.serve_bench.path("md"))]
-                if config["serve_benchmark"]["enabled"]
+                if stage_on(config, "serve_bench")
                 else []
             ),
             serve_benchmark_json=(
                 [str(PLAN.serve_bench.path("json"))]
-                if config["serve_benchmark"]["enabled"]
+                if stage_on(config, "serve_bench")
                 else []
             ),
-            search=[str(PLAN.search.path("json"))] if search_enabled(config) else [],
+            search=(
+                [str(PLAN.search.path("json"))] if stage_on(config, "search") else []
+            ),
         ),
         # Written in this run when the estimate changes: compared by time, like results/.
         estimate=str(PLAN.result("estimate")),

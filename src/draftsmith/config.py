@@ -110,7 +110,7 @@ def _check_references(config: dict, source: str) -> None:
     if not enabled_datasets(config, merged_only=True):
         raise ConfigError(f"{source}: no dataset is both enabled and not excluded from the merge")
     _check_train(config, source)
-    if config["evaluate"]["enabled"] and not config["evaluate"]["prompt_sets"]:
+    if stage_on(config, "evaluate") and not config["evaluate"]["prompt_sets"]:
         raise ConfigError(
             f"{source}: evaluate.prompt_sets: empty while evaluate.enabled is true; name at least one "
             "held-out prompt set, or set evaluate.enabled: false"
@@ -199,10 +199,16 @@ def export_serving_context(config: dict) -> int:
     return config["export"]["serving_context"] or config["train"]["max_position_embeddings"]
 
 
-def search_enabled(config: dict) -> bool:
-    """Whether the settings search runs: it decodes with the built-in evaluator, so a config
-    that turns the evaluator off (a target HF cannot hold) turns the search off too."""
-    return config["search"]["enabled"] and config["evaluate"]["enabled"]
+# The config sections whose `enabled` a stage needs, for the stages a config can turn off. The
+# search decodes with the built-in evaluator, so turning the evaluator off (a target HF cannot
+# hold) turns the search off too.
+_SWITCHES = {"evaluate": ("evaluate",), "search": ("search", "evaluate"), "serve_bench": ("serve_benchmark",)}
+
+
+def stage_on(config: dict, stage: str) -> bool:
+    """Whether a full run of `config` builds `stage` (a stage word of `store.keys.STAGES`, or
+    `report`): the one answer the Snakefile, the rules, the plan and validation use."""
+    return all(config[section]["enabled"] for section in _SWITCHES.get(stage, ()))
 
 
 def search_prompt_set(config: dict) -> str | None:
@@ -214,7 +220,7 @@ def search_prompt_set(config: dict) -> str | None:
 
 def served_search_settings(config: dict) -> int:
     """How many of the search's best settings the serving benchmark also serves (0: none)."""
-    return config["search"]["confirm_top"] if search_enabled(config) else 0
+    return config["search"]["confirm_top"] if stage_on(config, "search") else 0
 
 
 def generation_dtype(config: dict) -> str:

@@ -20,8 +20,8 @@ def configure(config: dict, source: str = "config") -> Plan:
     """Validate `config` in place (defaults filled in) and return its artifact plan."""
     cfg.validate(config, source)
     checks = [check_evaluate]
-    checks += [check_search] if cfg.search_enabled(config) else []
-    checks += [check_serve_bench] if config["serve_benchmark"]["enabled"] else []
+    checks += [check_search] if cfg.stage_on(config, "search") else []
+    checks += [check_serve_bench] if cfg.stage_on(config, "serve_bench") else []
     for check in checks:
         try:
             check(config)

@@ -27,6 +27,7 @@ from draftsmith.evaluate.stage import (
     evaluate,
     export_aux_layers,
     recommend,
+    section_key,
     sglang_launch,
     vocab_coverage,
 )
@@ -41,7 +42,7 @@ from draftsmith.formats.prompt_sets import (
     training_prompts,
 )
 from draftsmith.model.stage import describe
-from draftsmith.runtime.sglang import Speculation
+from draftsmith.speculation import Speculation
 from draftsmith.store import atomic
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import plan_for
@@ -274,7 +275,7 @@ def test_broken_verification_is_caught_with_prompt_and_position(
     def accept_everything(proposals: list[int], _best: list[int]) -> int:
         return len(proposals)
 
-    settings = Settings(k=[3], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0)
+    settings = Settings([Speculation.chain(3)], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0)
     broken = sd.speculative(model, draft, aux, heldout[1].input_ids, 3, MAX_NEW, stops, accept_everything)
     at = next(i for i, (a, b) in enumerate(zip(greedy_outputs[1], broken.tokens, strict=False)) if a != b)
     with pytest.raises(LosslessError) as caught:
@@ -289,7 +290,7 @@ def test_a_resumed_evaluation_decodes_only_the_prompts_it_has_not_recorded(
     model, draft, aux, heldout, stops, tmp_path
 ):
     settings = Settings(
-        k=[2], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0, trees=[Speculation(**TREE)]
+        [Speculation.chain(2), Speculation.of(TREE)], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0
     )
     sets, path = {"tiny": heldout}, tmp_path / "journal.jsonl"
 
@@ -332,9 +333,7 @@ def test_broken_tree_verification_is_caught_with_the_tree_named(
             node = tree.parents[node]
         return [0, *path]
 
-    settings = Settings(
-        k=[], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0, trees=[Speculation(**TREE)]
-    )
+    settings = Settings([Speculation.of(TREE)], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0)
     ids = heldout[1].input_ids
     broken = sd.tree_speculative(model, draft, aux, ids, *TREE.values(), MAX_NEW, stops, deepest_path)
     at = next(i for i, (a, b) in enumerate(zip(greedy_outputs[1], broken.tokens, strict=False)) if a != b)
@@ -365,12 +364,13 @@ def _minimal_config(**evaluate) -> dict:
     ],
 )
 def test_recommended_is_the_best_mean_speedup_with_its_sglang_flags(tree_speedups, setting, flags):
-    settings = Settings(k=[1, 3], max_new_tokens=8, stops=[], warmup_prompts=0, trees=[Speculation(3, 2, 6)])
+    chains = [Speculation.chain(1), Speculation.chain(3)]
+    settings = Settings([*chains, Speculation(3, 2, 6)], max_new_tokens=8, stops=[], warmup_prompts=0)
     speedups = {"a": {"k=1": 1.2, "k=3": 1.9}, "b": {"k=1": 1.1, "k=3": 1.2}}
     speedups["a"]["tree 3/2/6"], speedups["b"]["tree 3/2/6"] = tree_speedups
     prompt_sets = {name: {"by_k": {}, "by_tree": {}} for name in speedups}
     for measured in settings.measured:
-        section, key = measured.entry
+        section, key = section_key(measured)
         for name, entry in prompt_sets.items():
             entry[section][key] = {"speedup": speedups[name][measured.label]}
     config = _minimal_config()

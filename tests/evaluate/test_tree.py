@@ -25,7 +25,7 @@ from evaluate.test_evaluate import (  # noqa: F401 (fixtures)
 from draftsmith.draft import vocab
 from draftsmith.draft.model import Eagle3Draft
 from draftsmith.evaluate import spec_decode as sd
-from draftsmith.evaluate.settings import max_draft_tokens
+from draftsmith.speculation import max_draft_tokens
 
 # (num_steps, topk, num_draft_tokens); the exported draft has two tokens, so topk <= 2.
 EXPORT_SETTINGS = [(2, 2, 4), (3, 2, 6), (3, 2, 11), (1, 2, 3)]

@@ -124,10 +124,10 @@ def test_deepseek_family_refuses_custom_layers_sglang_would_misread(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--speculative-algorithm", "EAGLE"], "is not allowed"),
-        (["--speculative-num-steps=3"], "is not allowed"),
-        (["--config", "x.yaml"], "is not allowed"),
-        (["--conf", "x.yaml"], "is not allowed"),  # argparse prefix of --config
+        (["--speculative-algorithm", "EAGLE"], "is refused"),
+        (["--speculative-num-steps=3"], "is refused"),
+        (["--config", "x.yaml"], "is refused"),
+        (["--conf", "x.yaml"], "is refused"),  # argparse prefix of --config
         (["--port", "1"], "extract.sglang.port"),
         (["--tp", "2"], "extract.sglang.tp_size"),
         (["--model", "/other"], "the target model"),

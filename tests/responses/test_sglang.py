@@ -13,13 +13,9 @@ from conftest import sglang_server_args
 
 from draftsmith.errors import DraftsmithError, GenerationError
 from draftsmith.formats.responses import Usage
-from draftsmith.responses.sglang import (
-    SGLangBackend,
-    SGLangConfigError,
-    build_launch_command,
-    server_url,
-)
+from draftsmith.responses.sglang import SGLangBackend, build_launch_command, server_url
 from draftsmith.runtime.process import free_port
+from draftsmith.runtime.sglang import SGLangConfigError
 
 MODEL = "/models/target"
 
@@ -107,6 +103,22 @@ def test_rejects_extra_args_that_duplicate_builder_flags(extra, hint):
 )
 def test_rejects_speculative_flags(extra):
     with pytest.raises(SGLangConfigError, match="plain target"):
+        build_launch_command(MODEL, _cfg(extra_args=extra))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--config", "x.yaml"], "--config is refused: it reads a config file"),
+        (["--conf=x.yaml"], "--conf is refused: it reads a config file"),  # argparse prefix of --config
+        (["--api-key", "s3cret"], "--api-key is refused: it puts a secret in the config"),
+        (["--load-format", "dummy"], "--load-format dummy loads random weights"),
+    ],
+)
+def test_rejects_what_every_launch_refuses(extra, message):
+    """A config file could switch speculation on unseen: generation refuses it as capture and
+    serving do."""
+    with pytest.raises(SGLangConfigError, match=f"generation.sglang.extra_args: {message}"):
         build_launch_command(MODEL, _cfg(extra_args=extra))
 
 

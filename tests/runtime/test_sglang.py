@@ -1,8 +1,19 @@
-"""SGLang launch arguments: flags with their values, and argparse's prefix rule."""
+"""SGLang launch arguments: flags with their values, and argparse's prefix rule; the launch
+policy every launch shares (owned flags, refused flags with their reasons, the builder)."""
 
 from __future__ import annotations
 
-from draftsmith.runtime.sglang import abbreviates, canonical, flag_names, parse_flags
+import pytest
+
+from draftsmith.runtime.sglang import (
+    REFUSED,
+    SGLangConfigError,
+    abbreviates,
+    canonical,
+    flag_names,
+    launch_command,
+    parse_flags,
+)
 
 
 def test_values_follow_their_flag_up_to_the_next_flag():
@@ -35,3 +46,46 @@ def test_canonical_resolves_only_what_argparse_would():
     assert canonical("--", known) == "--"
     # An exact match wins over the longer flag it is also a prefix of.
     assert canonical("--model", ("--model-path", "--model")) == "--model"
+
+
+BLOCK = {"python": "python3", "host": "127.0.0.1", "port": 30000, "tp_size": 1}
+
+
+def _launch(extra: list[str], *, speculative: bool = False) -> list[str]:
+    block = {**BLOCK, "extra_args": extra}
+    owned = {"--speculative-num-steps": "x.k"}
+    return launch_command("/m", block, "x.sglang", flags=["--flag"], owned=owned, speculative=speculative)
+
+
+def test_the_builder_puts_the_stage_flags_before_the_extra_args():
+    assert _launch(["--dtype", "bfloat16"]) == [
+        "python3", "-m", "sglang.launch_server", "--model-path", "/m",
+        "--host", "127.0.0.1", "--port", "30000", "--tp-size", "1", "--flag", "--dtype", "bfloat16",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("flag", sorted(REFUSED))
+def test_every_refused_flag_is_refused_in_every_launch_with_its_reason(flag, speculative):
+    with pytest.raises(SGLangConfigError, match="x.sglang.extra_args: --") as err:
+        _launch([flag, "v"], speculative=speculative)
+    if speculative or not flag.startswith("--speculative"):
+        assert str(err.value).endswith(f"{flag} is refused: it {REFUSED[flag]}")
+    else:  # the plain target refuses every speculative flag first
+        assert "this launch runs the plain target" in str(err.value)
+
+
+def test_owned_flags_name_what_to_configure_instead():
+    with pytest.raises(SGLangConfigError, match="--port duplicates --port.*use x.sglang.port instead"):
+        _launch(["--port", "1"])
+    with pytest.raises(SGLangConfigError, match="duplicates --speculative-num-steps.*use x.k instead"):
+        _launch(["--speculative-num-steps", "3"], speculative=True)
+
+
+def test_a_speculative_launch_keeps_harmless_speculative_flags():
+    assert _launch(["--speculative-attention-mode", "decode"], speculative=True)[-2:] == [
+        "--speculative-attention-mode",
+        "decode",
+    ]
+    with pytest.raises(SGLangConfigError, match="runs the plain target"):
+        _launch(["--speculative-attention-mode", "decode"])

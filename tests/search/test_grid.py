@@ -11,9 +11,8 @@ import yaml
 
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
-from draftsmith.evaluate.settings import check_tree
-from draftsmith.runtime.sglang import Speculation
 from draftsmith.search.grid import build_grid, check_config
+from draftsmith.speculation import Speculation
 from draftsmith.workflow import configure
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +35,7 @@ def test_default_grid_is_every_valid_combination_in_order():
     trees = [s for s in grid.settings if s.topk > 1]
     assert len(trees) == 11 and len(set(trees)) == 11
     for setting in trees:
-        check_tree(setting.num_steps, setting.topk, setting.num_draft_tokens)
+        setting.check()
     shapes = [(s.num_steps, s.topk, s.num_draft_tokens) for s in grid.settings]
     assert shapes == sorted(shapes)  # the tie-break order: the smaller setting first
     (skipped,) = grid.skipped  # a 2-step, topk-2 tree has 6 nodes: 8 tokens cannot be verified
@@ -98,10 +97,10 @@ def test_schema_bounds_name_the_key(search, key):
 def test_default_prompt_set_is_the_first_by_name_and_off_with_the_evaluator(tmp_path):
     sets = {name: {"path": "x.jsonl"} for name in ("zeta", "alpha")}
     config = config_with(evaluate={"prompt_sets": sets})
-    assert cfg.search_prompt_set(config) == "alpha" and cfg.search_enabled(config)
+    assert cfg.search_prompt_set(config) == "alpha" and cfg.stage_on(config, "search")
     assert cfg.served_search_settings(config) == 3
     config = config_with({"prompt_set": "nowhere"}, evaluate={"enabled": False})
-    assert not cfg.search_enabled(config) and cfg.served_search_settings(config) == 0
+    assert not cfg.stage_on(config, "search") and cfg.served_search_settings(config) == 0
     off = {
         "search": {"prompt_set": "nowhere"},
         "evaluate": {"enabled": False},

@@ -5,8 +5,8 @@ against the same Markdown in test_search.py); the report and serving tests use i
 
 from __future__ import annotations
 
-from draftsmith.runtime.sglang import Speculation
 from draftsmith.search import search_markdown, top_settings
+from draftsmith.speculation import Speculation
 
 COMMAND = (
     'python3 -m sglang.launch_server --model-path "$TARGET_MODEL" --host 127.0.0.1 --port 30000 '

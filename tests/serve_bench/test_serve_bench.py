@@ -23,15 +23,17 @@ from conftest import sglang_server_args, write_rows, write_training
 from draftsmith.errors import ConfigError, ServerError
 from draftsmith.formats.prompt_sets import OverlapError
 from draftsmith.runtime.process import free_port
-from draftsmith.runtime.sglang import Speculation
+from draftsmith.runtime.sglang import speculative_flags
 from draftsmith.serve_bench import metrics
 from draftsmith.serve_bench.command import (
     ServeBenchError,
-    build_command,
     check_draft,
     check_environment,
     check_extra_args,
     check_launch,
+    configured_chain,
+    draft_command,
+    launch_command,
     serving_context,
 )
 from draftsmith.serve_bench.stage import (
@@ -41,6 +43,7 @@ from draftsmith.serve_bench.stage import (
     run_server,
     serve_bench,
 )
+from draftsmith.speculation import Speculation
 from draftsmith.store import manifest
 from draftsmith.workflow import configure
 
@@ -79,12 +82,12 @@ def test_baseline_and_chain_commands(tmp_path):
     commands = build_commands(MODEL, DRAFT, _bench(tmp_path, k=[1, 3]), 31000)
     assert commands == {
         "baseline": BASE,
-        "k1": BASE + [
+        "k=1": BASE + [
             "--speculative-algorithm", "EAGLE3", *LOAD_DRAFT,
             "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", "2",
         ],
-        "k3": BASE + [
+        "k=3": BASE + [
             "--speculative-algorithm", "EAGLE3", *LOAD_DRAFT,
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", "4",
@@ -98,7 +101,7 @@ def test_server_settings_then_extra_args(tmp_path):
               "context_length": 16384, "extra_args": extra}  # fmt: skip
     top = {"export": {"serving_context": 16384}}
     bench = _config(tmp_path, top, k=[7], num_draft_tokens=8, sglang=sglang)["serve_benchmark"]
-    assert build_command(MODEL, bench, 30500, draft_dir=DRAFT, k=7) == [
+    assert draft_command(MODEL, bench, 30500, DRAFT, configured_chain(bench, 7)) == [
         "/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "127.0.0.1", "--port", "30500", "--tp-size", "8",
         "--mem-fraction-static", "0.85", "--context-length", "16384",
@@ -115,8 +118,8 @@ def test_sglang_parses_the_commands(tmp_path):
     sglang = {"tp_size": 2, "context_length": 4096, "extra_args": ["--quantization", "fp8"]}
     bench = _bench(tmp_path, k=[1, 4], sglang=sglang)
     commands = build_commands(MODEL, DRAFT, bench, 31000, [Speculation(3, 2, 6)])
-    assert list(commands) == ["baseline", "k1", "k4", "tree3-2-6"]
-    settings = {"k1": (1, 1, 2), "k4": (4, 1, 5), "tree3-2-6": (3, 2, 6), "baseline": (None, None, None)}
+    assert list(commands) == ["baseline", "k=1", "k=4", "tree 3/2/6"]
+    settings = {"k=1": (1, 1, 2), "k=4": (4, 1, 5), "tree 3/2/6": (3, 2, 6), "baseline": (None, None, None)}
     for name, cmd in commands.items():
         args = server_args.prepare_server_args(cmd[3:])
         assert (args.model_path, args.host, args.port, args.tp_size) == (MODEL, "127.0.0.1", 31000, 2)
@@ -131,7 +134,7 @@ def test_sglang_parses_the_commands(tmp_path):
         assert args.speculative_draft_window_size is None and not args.speculative_use_rejection_sampling
 
 
-TREE_FLAGS = Speculation(3, 2, 6).flags("EAGLE3", DRAFT)
+TREE_FLAGS = speculative_flags(Speculation(3, 2, 6), "EAGLE3", DRAFT)
 
 
 def test_check_launch_without_sglang_knows_the_flags(monkeypatch):
@@ -185,9 +188,10 @@ def test_sglang_reads_a_tree_launch():
     [
         ({"speculative_algorithm": "EAGLE"}, r"serve_benchmark.speculative_algorithm: EAGLE with an EAGLE-3 "
                                              r"draft \(LlamaForCausalLMEagle3\).*\(H\) instead of the three"),
-        ({"k": [3], "num_draft_tokens": 5}, r"serve_benchmark.num_draft_tokens: 5 for k=3: a chain of k "
-                                            r"verifies k\+1 tokens \(4\); SGLang would silently use 4"),
-        ({"k": [3, 4], "num_draft_tokens": 4}, r"num_draft_tokens: 4 for k=4"),
+        ({"k": [3], "num_draft_tokens": 5}, r"serve_benchmark.num_draft_tokens for k=3: topk 1 is a "
+                                            r"chain, which SGLang runs with num_draft_tokens = "
+                                            r"num_steps \+ 1 \(4\), not 5 \(leave it null\)"),
+        ({"k": [3, 4], "num_draft_tokens": 4}, r"num_draft_tokens for k=4: .* \(5\), not 4"),
         ({"eagle_topk": 2}, r"serve_benchmark.eagle_topk: 2: the benchmark measures chains \(topk 1\)"),
         ({"prompt_set": "mtbench"}, r"serve_benchmark.prompt_set: 'mtbench' is not a set of "
                                     r"evaluate.prompt_sets \(known: \['held'\]\)"),
@@ -613,7 +617,7 @@ def test_benchmark_against_a_stand_in_tears_every_server_down(tmp_path, fake):
     result = run_benchmark(MODEL, DRAFT, PROMPTS, bench, tmp_path / "logs", free_port())
     launches = _launches(tmp_path)
     assert [launch["argv"] for launch in launches] == [cmd[1:] for cmd in result["command"].values()]
-    assert list(result["command"]) == ["baseline", "k1", "k3"]
+    assert list(result["command"]) == ["baseline", "k=1", "k=3"]
     assert [launch["earlier_running"] for launch in launches] == [[], [], []]  # one server at a time
     rows = {(s["k"], s["concurrency"]): s for s in result["settings"]}
     assert sorted(rows) == [(1, 1), (1, 2), (3, 1), (3, 2)]
@@ -647,7 +651,7 @@ def test_a_dead_server_is_reported_with_its_log(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("FAKE_EXIT", "1")
     bench = _fake_bench(tmp_path, fake)
     port = free_port()
-    cmd, url, log_path = build_command(MODEL, bench, port), f"http://127.0.0.1:{port}", tmp_path / "b.log"
+    cmd, url, log_path = launch_command(MODEL, bench, port), f"http://127.0.0.1:{port}", tmp_path / "b.log"
     with pytest.raises(
         ServerError, match=rf"exited with code 3 .*last lines of {log_path}:\nfake sglang: fail"
     ):
@@ -713,7 +717,7 @@ def test_stage_writes_report_manifest_and_logs(tmp_path, fake, demo_model_dir):
     assert set(row) == {"setting", "k", *shape, "concurrency", "baseline", "draft", "speedup"}
     assert set(row["baseline"]) >= {"tokens_per_s", "requests", "tokens", "seconds"}
     assert row["draft"]["acceptance_length"] == round(14 / 4, 4)  # 7 tokens: 1 + 2 steps of 3
-    k2 = report["command"]["k2"]
+    k2 = report["command"]["k=2"]
     assert k2[k2.index("--speculative-draft-model-path") + 1] == str(draft)
     assert "| k=2 | 1 |" in Path(outputs["md"]).read_text()
     assert "search" not in report  # no settings search served here
@@ -763,9 +767,9 @@ SEARCHED = [Speculation(3, 2, 6), Speculation.chain(3), Speculation.chain(2)]  #
 
 def test_search_settings_join_the_configured_chains_once(tmp_path):
     commands = build_commands(MODEL, DRAFT, _bench(tmp_path, k=[1, 3]), 31000, SEARCHED)
-    assert list(commands) == ["baseline", "k1", "k3", "tree3-2-6", "k2"]
-    assert commands["tree3-2-6"] == BASE + TREE_FLAGS
-    assert commands["k2"] == BASE + Speculation.chain(2).flags("EAGLE3", DRAFT)
+    assert list(commands) == ["baseline", "k=1", "k=3", "tree 3/2/6", "k=2"]
+    assert commands["tree 3/2/6"] == BASE + TREE_FLAGS
+    assert commands["k=2"] == BASE + speculative_flags(Speculation.chain(2), "EAGLE3", DRAFT)
 
 
 def test_a_search_setting_no_tree_can_hold_is_refused(tmp_path):
@@ -776,7 +780,7 @@ def test_a_search_setting_no_tree_can_hold_is_refused(tmp_path):
 def test_search_settings_served_against_a_stand_in(tmp_path, fake):
     bench = _fake_bench(tmp_path, fake, k=[1])
     result = run_benchmark(MODEL, DRAFT, PROMPTS, bench, tmp_path / "logs", free_port(), SEARCHED[:1])
-    assert list(result["command"]) == ["baseline", "k1", "tree3-2-6"]
+    assert list(result["command"]) == ["baseline", "k=1", "tree 3/2/6"]
     assert [launch["earlier_running"] for launch in _launches(tmp_path)] == [[], [], []]
     tree = next(row for row in result["settings"] if row["setting"] == "tree 3/2/6")
     assert (tree["k"], tree["num_steps"], tree["topk"], tree["num_draft_tokens"]) == (None, 3, 2, 6)
@@ -827,7 +831,7 @@ def test_stage_serves_the_search_best_and_says_what_it_confirmed(tmp_path, fake,
         "search": [str(search)],
     }
     report = serve_bench(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
-    assert list(report["command"]) == ["baseline", "k2", "tree3-2-6", "k3"]
+    assert list(report["command"]) == ["baseline", "k=2", "tree 3/2/6", "k=3"]
     verdict = report["search"]
     assert (verdict["recommended"], verdict["served"]) == ("tree 3/2/6", ["tree 3/2/6", "k=3"])
     assert verdict["fastest"] in verdict["served"] and verdict["confirmed"] is (

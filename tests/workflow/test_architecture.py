@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from draftsmith.runtime.sglang import REFUSED
 from draftsmith.store import plan
 from draftsmith.store.keys import STAGES
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "draftsmith"
 STAGE_PACKAGES = {*STAGES, "report"}
-INFRASTRUCTURE = {"store", "runtime", "target", "formats", "draft", "config", "errors"}
+INFRASTRUCTURE = {"store", "runtime", "target", "formats", "draft", "config", "errors", "speculation"}
 
 
 def module_name(path: Path) -> str:
@@ -161,3 +162,15 @@ def test_the_guard_sees_a_file_name(tmp_path, text):
     module = tmp_path / "m.py"
     module.write_text(text + "\n")
     assert spelled(python_strings(module))
+
+
+def test_refused_sglang_flags_are_listed_once():
+    """Generation, capture and serving refuse extra args from one list (`runtime.sglang.REFUSED`):
+    no other module spells a refused flag."""
+    home = SRC / "runtime" / "sglang.py"
+    spelled_elsewhere = {
+        str(path.relative_to(REPO)): found
+        for path in SRC.rglob("*.py")
+        if path != home and (found := set(python_strings(path)) & set(REFUSED))
+    }
+    assert spelled_elsewhere == {}

@@ -12,6 +12,7 @@ from conftest import stand_in_config, write_rows
 
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
+from draftsmith.store.plan import plan_for
 from draftsmith.workflow import configure
 
 REPO = Path(__file__).resolve().parents[2]
@@ -341,6 +342,25 @@ def test_evaluation_without_prompt_sets_is_refused_before_any_work(raw):
     assert "evaluate.prompt_sets: empty while evaluate.enabled is true" in error_of(raw)
     raw["evaluate"]["enabled"] = False
     cfg.validate(raw)
+
+
+@pytest.mark.parametrize(
+    ("switches", "on"),
+    [
+        ({}, {"evaluate", "search"}),  # the default: the serving benchmark needs GPUs and SGLang
+        ({"search": True, "serve_benchmark": True}, {"evaluate", "search", "serve_bench"}),
+        ({"search": True, "evaluate": False}, set()),  # the search decodes with the evaluator
+    ],
+)
+def test_one_answer_says_which_stages_run_and_the_plan_builds_them(raw, switches, on):
+    cfg.validate(raw)  # defaults filled in, then the switches turned
+    for section, enabled in switches.items():
+        raw[section]["enabled"] = enabled
+    optional = {"evaluate", "search", "serve_bench"}
+    assert {stage for stage in optional if cfg.stage_on(raw, stage)} == on
+    assert all(cfg.stage_on(raw, stage) for stage in ("model", "train", "export", "report"))
+    plan = plan_for(raw)
+    assert {a.stage for a in plan.built} & optional == on
 
 
 def test_evaluate_trees_default_and_bad_trees_are_refused_with_their_key_path(raw, monkeypatch, tmp_path):

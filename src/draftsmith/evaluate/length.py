@@ -23,8 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from draftsmith.evaluate.settings import BASELINE, chain_label
 from draftsmith.formats.markdown import fmt, table
+from draftsmith.speculation import BASELINE, Speculation
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def compared_setting(prompt_set: dict, recommended: dict | None) -> str:
     if recommended is not None:
         return recommended["setting"]
     k, _ = max(prompt_set["by_k"].items(), key=lambda item: item[1]["speedup"])
-    return chain_label(int(k))
+    return Speculation.chain(int(k)).label
 
 
 def long_context(prompt_sets: dict, recommended: dict | None, drop: float, draft: dict) -> dict:

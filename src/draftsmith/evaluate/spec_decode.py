@@ -41,7 +41,7 @@ from transformers import DynamicCache
 
 from draftsmith.draft.model import Eagle3Draft
 from draftsmith.draft.vocab import draft_to_target
-from draftsmith.evaluate.settings import check_tree  # torch-free: config validation uses it
+from draftsmith.speculation import Speculation
 from draftsmith.target.layers import AuxLayers
 
 # Proposals and the target's argmax at each verified position -> proposals accepted.
@@ -487,7 +487,7 @@ def tree_speculative(
     for `speculative`; topk=1 with num_draft_tokens = num_steps + 1 is its chain of k =
     num_steps. `accept` replaces the path rule (tests break verification with it).
     """
-    check_tree(num_steps, topk, num_draft_tokens)
+    Speculation(num_steps, topk, num_draft_tokens).check()
     if topk > draft.config.draft_vocab_size:
         raise ValueError(f"topk={topk} exceeds the draft vocabulary ({draft.config.draft_vocab_size} tokens)")
     shape = (num_steps, topk, num_draft_tokens)

@@ -59,7 +59,7 @@ import math
 import os
 import shlex
 import time
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import fmean
 from typing import TYPE_CHECKING
@@ -67,22 +67,15 @@ from typing import TYPE_CHECKING
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate.length import by_length, length_markdown, long_context, long_context_markdown
 from draftsmith.evaluate.sets import by_set, sets_markdown
-from draftsmith.evaluate.settings import (
-    BASELINE,
-    best_result,
-    chain_label,
-    recommendation_markdown,
-    tree_key,
-    tree_label,
-    tree_text,
-)
+from draftsmith.evaluate.settings import best_result, recommendation_markdown
 from draftsmith.export import AUX_LAYER_CONVENTION, SGLANG, load_sglang_export
 from draftsmith.formats.markdown import coverage_sentence
 from draftsmith.formats.prompt_sets import EvalPrompt, check_overlap, load_prompt_set, training_prompts
 from draftsmith.runtime import gpus, jobs
 from draftsmith.runtime.resources import evaluate_gpus
-from draftsmith.runtime.sglang import Speculation
+from draftsmith.runtime.sglang import speculative_flags
 from draftsmith.serve_bench import EAGLE3, check_launch, launch_command
+from draftsmith.speculation import BASELINE, Speculation
 from draftsmith.store import atomic, manifest
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import EXPORT_FILES, JOURNAL, plan_for
@@ -110,32 +103,18 @@ EXAMPLE_PORT = 30000  # SGLang's default
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One speculative setting measured: a chain of `k`, or (k None) a tree."""
-
-    label: str
-    spec: Speculation
-    k: int | None = None
-
-    @property
-    def entry(self) -> tuple[str, str]:
-        """Where benchmark.json's prompt sets hold its results: section and key."""
-        return ("by_k", str(self.k)) if self.k is not None else ("by_tree", tree_key(asdict(self.spec)))
-
-
-@dataclass(frozen=True)
 class Settings:
-    k: list[int]
+    measured: list[Speculation]  # chains in k order, then trees in config order
     max_new_tokens: int
     stops: list[int]
     warmup_prompts: int
-    trees: list[Speculation] = field(default_factory=list)
 
-    @property
-    def measured(self) -> list[Setting]:
-        """Every speculative setting, chains in k order, then trees in config order."""
-        chains = [Setting(chain_label(k), Speculation.chain(k), k) for k in self.k]
-        return chains + [Setting(tree_label(asdict(t)), t) for t in self.trees]
+
+def section_key(setting: Speculation) -> tuple[str, str]:
+    """Where benchmark.json's prompt sets hold a setting's results: section and key."""
+    if setting.is_chain:
+        return "by_k", str(setting.num_steps)
+    return "by_tree", f"{setting.num_steps}-{setting.topk}-{setting.num_draft_tokens}"
 
 
 def device_name(device) -> str:
@@ -211,12 +190,12 @@ def _acceptance(runs: list[Decoded], depth: int, shares: str) -> dict:
     return {"acceptance_length": length, shares: per_depth, "verify_steps": steps}
 
 
-def _result(setting: Setting, runs: list[Decoded]) -> dict:
+def _result(setting: Speculation, runs: list[Decoded]) -> dict:
     """A setting's acceptance: a chain's per position and rate, a tree's shape and per depth."""
-    if setting.k is None:
-        return {**asdict(setting.spec), **_acceptance(runs, setting.spec.num_steps, "per_depth")}
-    stats = _acceptance(runs, setting.k, "per_position")
-    rate = (stats["acceptance_length"] - 1) / setting.k
+    if not setting.is_chain:
+        return {**setting.as_json(), **_acceptance(runs, setting.num_steps, "per_depth")}
+    stats = _acceptance(runs, setting.num_steps, "per_position")
+    rate = (stats["acceptance_length"] - 1) / setting.num_steps
     return {"acceptance_length": stats["acceptance_length"], "acceptance_rate": rate, **stats}
 
 
@@ -238,14 +217,15 @@ def _throughput(runs: list[Decoded]) -> dict:
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-def _row(set_name: str, prompt: EvalPrompt, setting: Setting | None, run: Decoded) -> dict:
+def _row(set_name: str, prompt: EvalPrompt, setting: Speculation | None, run: Decoded) -> dict:
     """A per-prompt row; `setting` None is the target alone."""
     steps = run.verify_steps if setting else None
+    k = 0 if setting is None else setting.num_steps if setting.is_chain else None
     return {
         "prompt_set": set_name,
         "id": prompt.id,
         "setting": setting.label if setting else BASELINE,
-        "k": setting.k if setting else 0,
+        "k": k,
         "prompt_tokens": len(prompt.input_ids),
         "tokens": len(run.tokens),
         "verify_steps": steps,
@@ -281,12 +261,13 @@ def benchmark_sets(
     def base(p: EvalPrompt) -> Decoded:
         return sd.timed(device, lambda: sd.greedy(model, p.input_ids, n, stops))
 
-    def decode(ids: list[int], setting: Setting) -> Decoded:
-        if setting.k is not None:
-            return sd.speculative(model, draft, aux, ids, setting.k, n, stops, accept)
-        return sd.tree_speculative(model, draft, aux, ids, *astuple(setting.spec), n, stops, accept_tree)
+    def decode(ids: list[int], setting: Speculation) -> Decoded:
+        if setting.is_chain:
+            return sd.speculative(model, draft, aux, ids, setting.num_steps, n, stops, accept)
+        shape = (setting.num_steps, setting.topk, setting.num_draft_tokens)
+        return sd.tree_speculative(model, draft, aux, ids, *shape, n, stops, accept_tree)
 
-    def spec(p: EvalPrompt, setting: Setting) -> Decoded:
+    def spec(p: EvalPrompt, setting: Speculation) -> Decoded:
         return sd.timed(device, lambda: decode(p.input_ids, setting))
 
     def measure(name: str, prompt: EvalPrompt) -> tuple[Decoded, list[Decoded]]:
@@ -343,26 +324,26 @@ def _prompt_id(set_name: str, prompt: EvalPrompt) -> str:
     return f"{set_name}/{prompt.id}"
 
 
-def _record(record_id: str, greedy: Decoded, measured: list[Setting], decoded: list[Decoded]) -> dict:
+def _record(record_id: str, greedy: Decoded, measured: list[Speculation], decoded: list[Decoded]) -> dict:
     """One prompt's decodes, as the journal keeps them (the baseline under its own label)."""
     runs = {BASELINE: greedy, **{s.label: run for s, run in zip(measured, decoded, strict=True)}}
     return {"id": record_id, "runs": {label: asdict(run) for label, run in runs.items()}}
 
 
-def _from_record(record: dict, measured: list[Setting]) -> tuple[Decoded, list[Decoded]]:
+def _from_record(record: dict, measured: list[Speculation]) -> tuple[Decoded, list[Decoded]]:
     from draftsmith.evaluate.spec_decode import Decoded
 
     runs = {label: Decoded(**run) for label, run in record["runs"].items()}
     return runs[BASELINE], [runs[s.label] for s in measured]
 
 
-def _summary(baseline: list[Decoded], runs: dict[Setting, list[Decoded]]) -> dict:
+def _summary(baseline: list[Decoded], runs: dict[Speculation, list[Decoded]]) -> dict:
     base = _throughput(baseline)
     summary = {"prompts": len(baseline), "baseline": base, "by_k": {}, "by_tree": {}}
     for setting, decoded in runs.items():
         speed = _throughput(decoded)
         speed["speedup"] = speed["tokens_per_s"] / base["tokens_per_s"]
-        section, key = setting.entry
+        section, key = section_key(setting)
         summary[section][key] = {**_result(setting, decoded), **speed}
     return summary
 
@@ -377,13 +358,13 @@ class Launch:
     checked_by_sglang: bool
 
 
-def sglang_launch(config: dict, setting: Setting) -> Launch:
+def sglang_launch(config: dict, setting: Speculation) -> Launch:
     """The serving benchmark's builder and launch settings, with the draft at `setting` and
     placeholders for the target and the draft."""
     bench = config["serve_benchmark"]
-    served = setting.spec.flags(EAGLE3, f"${DRAFT_DIR}")
+    served = speculative_flags(setting, EAGLE3, f"${DRAFT_DIR}")
     cmd = launch_command(f"${TARGET_MODEL}", bench, bench["sglang"]["port"] or EXAMPLE_PORT, served)
-    return Launch(setting.spec.flags(EAGLE3), cmd, check_launch(cmd, served))
+    return Launch(speculative_flags(setting, EAGLE3), cmd, check_launch(cmd, served))
 
 
 def command_line(cmd: list[str]) -> str:
@@ -392,19 +373,19 @@ def command_line(cmd: list[str]) -> str:
     return " ".join(f'"{arg}"' if arg in placeholders else shlex.quote(arg) for arg in cmd)
 
 
-def recommend(prompt_sets: dict, launches: dict[Setting, Launch], placeholders: dict[str, str]) -> dict:
+def recommend(prompt_sets: dict, launches: dict[Speculation, Launch], placeholders: dict[str, str]) -> dict:
     """benchmark.json's `recommended`: of the settings in `launches`, the one with the highest
     mean of the per-prompt-set speed-ups (the first of equals)."""
 
-    def mean_speedup(setting: Setting) -> float:
-        section, key = setting.entry
+    def mean_speedup(setting: Speculation) -> float:
+        section, key = section_key(setting)
         return fmean(result[section][key]["speedup"] for result in prompt_sets.values())
 
     best = max(launches, key=mean_speedup)
     launch = launches[best]
     return {
         "setting": best.label,
-        **asdict(best.spec),
+        **best.as_json(),
         "mean_speedup": mean_speedup(best),
         "flags": launch.flags,
         "command": command_line(launch.command),
@@ -463,7 +444,7 @@ def _tree_table(result: dict) -> list[str]:
     for r in result["by_tree"].values():
         depths = " ".join(f"{p:.2f}" for p in r["per_depth"])
         lines.append(
-            f"| {tree_text(r)} | {r['acceptance_length']:.3f} | {r['num_steps'] + 1} | "
+            f"| {Speculation.of(r).shape} | {r['acceptance_length']:.3f} | {r['num_steps'] + 1} | "
             f"{depths} | {r['tokens_per_s']:.1f} | {result['baseline']['tokens_per_s']:.1f} | "
             f"{r['speedup']:.2f}x |"
         )
@@ -507,9 +488,9 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
         for name, entry in sorted(ev["prompt_sets"].items())
     }
     check_overlap(sets, training_prompts(inputs["merged"], inputs["responses"]))
-    trees = [Speculation(**tree) for tree in ev["trees"]]
-    stops = stop_ids(model_info)
-    settings = Settings(list(ev["k"]), ev["max_new_tokens"], stops, ev["warmup_prompts"], trees)
+    trees = [Speculation.of(tree) for tree in ev["trees"]]
+    measured = [Speculation.chain(k) for k in ev["k"]] + trees
+    settings = Settings(measured, ev["max_new_tokens"], stop_ids(model_info), ev["warmup_prompts"])
     # Every launch is built (and so checked) before any decoding: a refusal comes first.
     launches = {setting: sglang_launch(config, setting) for setting in settings.measured}
     export_dir = Path(inputs["export_config"]).parent
@@ -534,8 +515,8 @@ def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = N
         "device": device,
         "dtype": ev["dtype"],
         "max_new_tokens": ev["max_new_tokens"],
-        "k": settings.k,
-        "trees": [asdict(tree) for tree in trees],
+        "k": ev["k"],
+        "trees": [tree.as_json() for tree in trees],
         "wall_s": time.time() - started,
         "lossless": True,
         "prompt_sets": results,

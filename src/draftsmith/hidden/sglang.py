@@ -63,13 +63,11 @@ import numpy as np
 from draftsmith.errors import DraftsmithError
 from draftsmith.runtime.process import ManagedServer
 from draftsmith.runtime.sglang import (
-    abbreviates,
-    base_launch_command,
+    SGLangConfigError,
     canonical,
-    check_owned_flags,
-    flag_names,
-    owned_flags,
+    launch_command,
     parse_flags,
+    refused_reason,
     server_url,
 )
 from draftsmith.target.layers import AuxLayers, sglang_layer_ids
@@ -94,7 +92,6 @@ _KNOWN = (
     DRAFT_FLAG,
     RADIX_FLAG,
     CHUNK_FLAG,
-    "--config",
 )
 
 # Capture flags the builder sets itself, mapped to what to configure instead.
@@ -134,12 +131,14 @@ def build_capture_command(
 ) -> list[str]:
     """The `sglang.launch_server` command for one capture pass of the target at `model_dir`
     (`sglang_cfg`: the validated extract.sglang, defaults filled in by the schema)."""
-    cfg = sglang_cfg
-    extra = [str(arg) for arg in cfg["extra_args"]]
-    _check_extra_args(extra)
+    try:
+        cmd = launch_command(
+            str(model_dir), sglang_cfg, SECTION, flags=_capture_flags(aux, mode), owned=_CAPTURE_OWNED
+        )
+    except SGLangConfigError as exc:
+        raise CaptureError(str(exc)) from None
     target = read_target_config(model_dir)
     _check_target(target, aux, Path(model_dir))
-    cmd = base_launch_command(str(model_dir), cfg) + _capture_flags(aux, mode) + extra
     validate_capture_command(cmd, aux, target_config=target)  # the builder obeys its own rules
     return cmd
 
@@ -150,19 +149,6 @@ def _capture_flags(aux: AuxLayers, mode: CaptureMode) -> list[str]:
         return [FINAL_FLAG, *common]
     ids = [str(i) for i in sglang_layer_ids(aux)]
     return [AUX_FLAG, ALGO_FLAG, "EAGLE3", IDS_FLAG, *ids, *common]
-
-
-def _check_extra_args(extra: list[str]) -> None:
-    for flag in flag_names(extra):
-        if flag.startswith("--speculative") or abbreviates(flag, "--config"):
-            raise CaptureError(
-                f"{SECTION}.extra_args: {flag} is not allowed: the capture command sets the "
-                "speculative flags itself, and a --config file could change any flag unseen"
-            )
-    try:
-        check_owned_flags(extra, owned_flags(SECTION) | _CAPTURE_OWNED, SECTION)
-    except DraftsmithError as exc:
-        raise CaptureError(str(exc)) from None
 
 
 def _check_target(target: dict, aux: AuxLayers, model_dir: Path) -> None:
@@ -203,8 +189,10 @@ def _flags(cmd: list[str]) -> dict[str, list[list[str]]]:
 
 
 def _refuse_anywhere(flags: dict[str, list[list[str]]]) -> None:
-    if "--config" in flags:
-        raise CaptureError("capture command: --config is refused: a config file could set any flag unseen")
+    for flag in flags:
+        reason = refused_reason(flag)
+        if reason:
+            raise CaptureError(f"capture command: {flag} is refused: it {reason}")
     if DRAFT_FLAG in flags:
         raise CaptureError(
             f"capture command: {DRAFT_FLAG} is refused: capture runs the target alone "

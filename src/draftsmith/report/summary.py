@@ -9,9 +9,9 @@ from draftsmith.evaluate import (
     recommendation_markdown,
     sets_markdown,
     sets_warning,
-    tree_text,
 )
 from draftsmith.formats.markdown import coverage_sentence, fmt, table
+from draftsmith.speculation import Speculation
 
 
 def by_k(prompt_set: dict) -> list[tuple[int, dict]]:
@@ -78,7 +78,7 @@ def _verdict(benchmark: dict) -> str:
 
 def _setup(benchmark: dict) -> str:
     ks = ", ".join(str(k) for k in benchmark["k"])
-    trees = ", ".join(tree_text(tree) for tree in benchmark["trees"]) or "none"
+    trees = ", ".join(Speculation.of(tree).shape for tree in benchmark["trees"]) or "none"
     return (
         f"Evaluation key `{benchmark['key']}`: device {benchmark['device']}, dtype {benchmark['dtype']}, "
         f"up to {benchmark['max_new_tokens']} new tokens per prompt, k (draft tokens per verify "
@@ -167,7 +167,7 @@ def _trees(entry: dict) -> str:
         return ""
     rows = [
         [
-            tree_text(r),
+            Speculation.of(r).shape,
             fmt(r["acceptance_length"]),
             r["num_steps"] + 1,
             " / ".join(fmt(p, 2) for p in r["per_depth"]),

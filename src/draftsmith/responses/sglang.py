@@ -13,14 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftsmith.runtime.process import ManagedServer
-from draftsmith.runtime.sglang import (
-    SGLangConfigError,
-    base_launch_command,
-    check_owned_flags,
-    flag_names,
-    owned_flags,
-    server_url,
-)
+from draftsmith.runtime.sglang import launch_command, server_url
 
 if TYPE_CHECKING:
     from draftsmith.formats.datasets import Prompt
@@ -30,20 +23,9 @@ _SECTION = "generation.sglang"
 
 
 def build_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
-    """The `sglang.launch_server` command line for generation with the plain target."""
-    extra = [str(arg) for arg in sglang_cfg.get("extra_args") or []]
-    _check_extra_args(extra)
-    return base_launch_command(model_dir, sglang_cfg) + extra
-
-
-def _check_extra_args(extra: list[str]) -> None:
-    for flag in flag_names(extra):
-        if flag.startswith("--speculative"):
-            raise SGLangConfigError(
-                f"{_SECTION}.extra_args: {flag} is not allowed: generation must run "
-                "the plain target (speculative decoding belongs to the benchmark stage)"
-            )
-    check_owned_flags(extra, owned_flags(_SECTION), _SECTION)
+    """The `sglang.launch_server` command line for generation with the plain target (its extra
+    args refused as every launch's are: `runtime.sglang.check_extra_args`)."""
+    return launch_command(model_dir, sglang_cfg, _SECTION)
 
 
 class SGLangBackend:

@@ -1,18 +1,19 @@
-"""SGLang launches: arguments as SGLang's argparse reads them (flags, values, prefixes), the
-base launch command, the flags it owns, a speculative setting's flags (and those loading the
-draft), and the server's URL.
+"""SGLang launch policy: arguments as SGLang's argparse reads them (flags, values, prefixes),
+the base launch command, the flags draftsmith owns, the extra args refused in every launch
+(`REFUSED`, each with its reason), the builder of a launch command (`launch_command`), a
+speculative setting's flags (and those loading the draft), and the server's URL.
 
-The launch commands and the refusals of generation, capture and the serving benchmark all
-read arguments through here, so a spelling SGLang accepts cannot slip past one of them.
+Generation, capture and the serving benchmark all build their launches here, so a flag
+refused in one is refused in all, in any spelling SGLang accepts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import ConfigError
+from draftsmith.speculation import Speculation
 
 
 def parse_flags(args: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -82,28 +83,15 @@ def base_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
     return cmd
 
 
-@dataclass(frozen=True)
-class Speculation:
-    """A speculative-decoding setting as SGLang's launch flags name it: draft steps, drafts
-    kept per step, tokens verified per step (the root included). A chain of k is (k, 1, k+1)."""
-
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-
-    @classmethod
-    def chain(cls, k: int) -> Speculation:
-        return cls(k, 1, k + 1)
-
-    def flags(self, algorithm: str, draft_dir: str | Path | None = None) -> list[str]:
-        """The launch flags of this setting; with `draft_dir`, those that load the draft from it."""
-        draft = [] if draft_dir is None else draft_flags(draft_dir)
-        return [
-            "--speculative-algorithm", algorithm, *draft,
-            "--speculative-num-steps", str(self.num_steps),
-            "--speculative-eagle-topk", str(self.topk),
-            "--speculative-num-draft-tokens", str(self.num_draft_tokens),
-        ]  # fmt: skip
+def speculative_flags(setting: Speculation, algorithm: str, draft_dir: str | Path | None = None) -> list[str]:
+    """The launch flags of `setting`; with `draft_dir`, those that load the draft from it."""
+    draft = [] if draft_dir is None else draft_flags(draft_dir)
+    return [
+        "--speculative-algorithm", algorithm, *draft,
+        "--speculative-num-steps", str(setting.num_steps),
+        "--speculative-eagle-topk", str(setting.topk),
+        "--speculative-num-draft-tokens", str(setting.num_draft_tokens),
+    ]  # fmt: skip
 
 
 def draft_flags(draft_dir: str | Path) -> list[str]:
@@ -131,6 +119,86 @@ def check_owned_flags(extra: list[str], owned: dict[str, str], section: str) -> 
                 f"{section}.extra_args: {flag} duplicates {known}, which draftsmith "
                 f"sets itself; use {owned[known]} instead"
             )
+
+
+# Why each refused extra arg is refused, in every launch draftsmith makes (generation, capture,
+# serving): each changes what the server computes without an error, so a run would report
+# (or store) something other than it says. Flags SGLang added later are refused too (the draft
+# KV dtype and the sink since 0.5.20 and 0.5.21, block verification since 0.5.23), as is
+# 0.5.16's older spelling of the window.
+_LOSSY = "accepts draft tokens the target would not choose: AL rises and the output is not the target's"
+_MOVING_K = "changes the number of draft steps at run time, so the result would not belong to its k"
+_WINDOW = "limits the draft's attention to recent positions, short of the context it was exported for"
+_VERIFY = "replaces greedy verification, which the benchmark measures"
+_SECRET = "puts a secret in the config, and draftsmith's requests carry no key"
+REFUSED = {
+    "--config": "reads a config file, which could set any of these flags unseen",
+    # Secrets come from the environment, never from a config; draftsmith's servers need none.
+    "--api-key": _SECRET,
+    "--admin-api-key": _SECRET,
+    "--speculative-draft-load-format": "can load random draft weights (dummy): acceptance ~1 and no error",
+    "--speculative-token-map": "replaces the draft's own vocabulary map (d2t) with another table",
+    "--speculative-accept-threshold-single": _LOSSY,
+    "--speculative-accept-threshold-acc": _LOSSY,
+    "--speculative-adaptive": _MOVING_K,
+    "--speculative-adaptive-config": _MOVING_K,
+    "--enable-multi-layer-eagle": "runs a multi-layer EAGLE draft; the export has one layer",
+    "--speculative-draft-window-size": _WINDOW,
+    "--speculative-dflash-draft-window-size": _WINDOW,  # 0.5.16's older spelling
+    "--speculative-draft-sink-size": _WINDOW,
+    "--speculative-draft-kv-cache-dtype": "gives the draft's KV cache a dtype of its own (fp8: less precise)",
+    # Under it 0.5.16 samples the proposals of greedy requests too (they run at temperature 1,
+    # top-k 1; speculative/spec_utils.py, sample_draft_proposal); 0.5.21 takes their top token.
+    "--speculative-use-rejection-sampling": f"{_VERIFY} (0.5.16 then samples the draft's proposals)",
+    "--speculative-use-block-verification": f"{_VERIFY} (and turns rejection sampling on)",
+}
+SPECULATIVE = "--speculative"  # every flag of speculative decoding starts so
+_LOAD_FORMAT, _RANDOM_WEIGHTS = "--load-format", "dummy"
+
+
+def refused_reason(flag: str) -> str | None:
+    """Why `flag` (in any spelling SGLang accepts) is refused in every launch; None: it is not."""
+    refused = next((name for name in REFUSED if abbreviates(flag, name)), None)
+    return REFUSED[refused] if refused else None
+
+
+def check_extra_args(extra: list[str], section: str, owned: dict[str, str], *, speculative: bool) -> None:
+    """Refuse extra args that repeat a flag the builder sets (`owned_flags(section)` and `owned`),
+    that `REFUSED` names, that load random weights, or (unless the launch is `speculative`) that
+    touch speculative decoding at all: such a launch runs the plain target."""
+    for flag in flag_names(extra):
+        if not speculative and flag.startswith(SPECULATIVE):
+            raise SGLangConfigError(
+                f"{section}.extra_args: {flag} is refused: this launch runs the plain target, and "
+                "draftsmith sets the speculative flags where it speculates"
+            )
+    check_owned_flags(extra, owned_flags(section) | owned, section)
+    for flag, values in parse_flags(extra):
+        if abbreviates(flag, _LOAD_FORMAT) and values[:1] == [_RANDOM_WEIGHTS]:
+            raise SGLangConfigError(
+                f"{section}.extra_args: {flag} {_RANDOM_WEIGHTS} loads random weights (for the draft "
+                "too): the server would compute noise"
+            )
+        reason = refused_reason(flag)
+        if reason:
+            raise SGLangConfigError(f"{section}.extra_args: {flag} is refused: it {reason}")
+
+
+def launch_command(
+    model_dir: str,
+    sglang_cfg: dict,
+    section: str,
+    *,
+    flags: Sequence[str] = (),
+    owned: dict[str, str] | None = None,
+    speculative: bool = False,
+) -> list[str]:
+    """The `sglang.launch_server` command: the base command from `sglang_cfg` (the config block
+    at `section`), the stage's own `flags` (those of `owned` among them), then the configured
+    extra args, refused as `check_extra_args` says."""
+    extra = [str(arg) for arg in sglang_cfg.get("extra_args") or []]
+    check_extra_args(extra, section, owned or {}, speculative=speculative)
+    return base_launch_command(model_dir, sglang_cfg) + list(flags) + extra
 
 
 def server_url(sglang_cfg: dict) -> str:

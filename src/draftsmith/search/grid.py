@@ -4,7 +4,7 @@
 A combination is skipped, with its reason, rather than failing the run: the grid is a
 cross product, so one impossible corner (8 draft tokens in a 2-step, topk-2 tree that has
 7 nodes) should not refuse the rest. Skipped are:
-- trees with more draft tokens than nodes (`check_tree`);
+- trees with more draft tokens than nodes (`Speculation.check`);
 - num_steps above `train.ttt_steps`: the draft was trained to propose that many tokens
   ahead and no further, so deeper steps run an untrained extrapolation;
 - topk above `train.draft_vocab_size` (the draft cannot rank more tokens than it knows).
@@ -19,13 +19,12 @@ No torch here: config validation imports this module.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import product
 
 from draftsmith.config import search_prompt_set
 from draftsmith.errors import ConfigError
-from draftsmith.evaluate import check_tree
-from draftsmith.runtime.sglang import Speculation
+from draftsmith.speculation import Speculation
 
 SECTION = "search"
 
@@ -36,7 +35,7 @@ class Skipped:
     reason: str
 
     def as_json(self) -> dict:
-        return {**asdict(self.setting), "reason": self.reason}
+        return {**self.setting.as_json(), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -50,9 +49,11 @@ def build_grid(config: dict) -> Grid:
     search = config[SECTION]
     settings, skipped = [], []
     for num_steps, topk in product(sorted(search["num_steps"]), sorted(search["topk"])):
-        counts = [num_steps + 1] if topk == 1 else sorted(search["num_draft_tokens"])
-        for count in counts:
-            setting = Speculation(num_steps, topk, count)
+        if topk == 1:  # a chain: one num_draft_tokens only (`Speculation.check`)
+            candidates = [Speculation.chain(num_steps)]
+        else:
+            candidates = [Speculation(num_steps, topk, n) for n in sorted(search["num_draft_tokens"])]
+        for setting in candidates:
             reason = _refusal(setting, config["train"])
             if reason:
                 skipped.append(Skipped(setting, reason))
@@ -72,7 +73,7 @@ def _refusal(setting: Speculation, train: dict) -> str | None:
         size = train["draft_vocab_size"]
         return f"topk {setting.topk} exceeds the draft vocabulary (train.draft_vocab_size {size})"
     try:
-        check_tree(setting.num_steps, setting.topk, setting.num_draft_tokens)
+        setting.check()
     except ValueError as exc:
         return str(exc)
     return None

@@ -39,24 +39,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from draftsmith import config as cfg
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import (
-    BASELINE,
     DRAFT_DIR,
     TARGET_MODEL,
     Launch,
-    Setting,
     Settings,
     benchmark_sets,
     command_line,
     device_name,
     load_models,
     sglang_launch,
-    tree_text,
 )
 from draftsmith.formats.prompt_sets import EvalPrompt, check_overlap, load_prompt_set, training_prompts
 from draftsmith.runtime import gpus
@@ -64,6 +60,7 @@ from draftsmith.runtime.resources import evaluate_gpus
 from draftsmith.search.grid import Grid, build_grid, check_config
 from draftsmith.search.halving import Round, best, ranking, schedule, successive_halving
 from draftsmith.search.summary import search_markdown
+from draftsmith.speculation import BASELINE, Speculation
 from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import SEARCH_GRID, plan_for
 from draftsmith.target import load as target
@@ -92,23 +89,17 @@ class Measurements:
         self.rows: list[dict] = []
         self.rounds = 0
 
-    def decode(self, settings: list[Setting], prompts: list[EvalPrompt], desc: str) -> list[dict]:
+    def decode(self, settings: list[Speculation], prompts: list[EvalPrompt], desc: str) -> list[dict]:
         """Rows of the target alone and of each setting on `prompts`, each output checked lossless."""
-        chosen = Settings(
-            k=[s.k for s in settings if s.k is not None],
-            max_new_tokens=self.max_new_tokens,
-            stops=self.stops,
-            warmup_prompts=0,
-            trees=[s.spec for s in settings if s.k is None],
-        )
+        chosen = Settings(settings, self.max_new_tokens, self.stops, warmup_prompts=0)
         _, rows = benchmark_sets(*self.models, {self.set_name: prompts}, chosen, desc=desc)
         return rows
 
-    def warm_up(self, settings: list[Setting], count: int) -> None:
+    def warm_up(self, settings: list[Speculation], count: int) -> None:
         if count:
             self.decode(settings, self.prompts[:count], "search warm-up")  # untimed: rows dropped
 
-    def speedups(self, alive: list[Setting], prompts: int) -> dict[Setting, float]:
+    def speedups(self, alive: list[Speculation], prompts: int) -> dict[Speculation, float]:
         """One round (`halving.Measure`): `alive` decoded up to the set's first `prompts` prompts."""
         self.rounds += 1
         done = len({row["id"] for row in self.rows})  # every survivor has these already
@@ -126,7 +117,7 @@ class Measurements:
         log.info("round %d speed-ups: %s", self.rounds, ranked)
         return scores
 
-    def result(self, setting: Setting) -> dict:
+    def result(self, setting: Speculation) -> dict:
         """A setting's metrics over the prompts it was decoded on, against the target alone's there."""
         own = [row for row in self.rows if row["setting"] == setting.label]
         ids = {row["id"] for row in own}
@@ -155,25 +146,16 @@ def _rate(rows: list[dict]) -> float:
     return tokens / seconds
 
 
-def grid_settings(grid: Grid) -> list[Setting]:
-    """The grid as the evaluator's settings, in grid order (labels "k=3", "tree 3/2/6")."""
-    chains = [s.num_steps for s in grid.settings if s.topk == 1]
-    trees = [s for s in grid.settings if s.topk > 1]
-    measured = Settings(k=chains, max_new_tokens=0, stops=[], warmup_prompts=0, trees=trees).measured
-    by_spec = {setting.spec: setting for setting in measured}
-    return [by_spec[spec] for spec in grid.settings]
-
-
-def warm_up_settings(settings: list[Setting]) -> list[Setting]:
+def warm_up_settings(settings: list[Speculation]) -> list[Speculation]:
     """The first chain and the first tree: every decoding path, at a fraction of the grid's cost."""
-    chains = [s for s in settings if s.k is not None]
-    trees = [s for s in settings if s.k is None]
+    chains = [s for s in settings if s.is_chain]
+    trees = [s for s in settings if not s.is_chain]
     return chains[:1] + trees[:1]
 
 
 def _log_schedule(grid: Grid, prompts: int, search: dict) -> None:
     for skipped in grid.skipped:
-        log.info("skipped %s: %s", tree_text(asdict(skipped.setting)), skipped.reason)
+        log.info("skipped %s: %s", skipped.setting.shape, skipped.reason)
     rounds = schedule(len(grid.settings), search["first_prompts"], prompts, search["eta"])
     log.info(
         "%d settings in %d rounds (settings x prompts): %s",
@@ -183,12 +165,14 @@ def _log_schedule(grid: Grid, prompts: int, search: dict) -> None:
     )
 
 
-def table_rows(ranked: list[tuple[Setting, Round]], measurements: Measurements, commands: dict) -> list[dict]:
+def table_rows(
+    ranked: list[tuple[Speculation, Round]], measurements: Measurements, commands: dict
+) -> list[dict]:
     return [
         {
             "rank": rank,
             "setting": setting.label,
-            **asdict(setting.spec),
+            **setting.as_json(),
             "round": reached.number,
             **measurements.result(setting),
             "command": commands[setting],
@@ -197,7 +181,7 @@ def table_rows(ranked: list[tuple[Setting, Round]], measurements: Measurements, 
     ]
 
 
-def rounds_json(rounds: list[Round], settings: list[Setting]) -> list[dict]:
+def rounds_json(rounds: list[Round], settings: list[Speculation]) -> list[dict]:
     return [
         {
             "round": r.number,
@@ -220,7 +204,7 @@ def search(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
         config, inputs, model_info, plan.search.params["prompts"]["source"]
     )
     grid = build_grid(config)
-    settings = grid_settings(grid)
+    settings = grid.settings
     # Every launch is built (and so checked) before any decoding: a refusal comes first.
     launches = {setting: sglang_launch(config, setting) for setting in settings}
     _log_schedule(grid, len(prompts), search_cfg)
@@ -244,7 +228,7 @@ def search(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
         "first_prompts": search_cfg["first_prompts"],
         "eta": search_cfg["eta"],
         "grid_lists": {key: sorted(search_cfg[key]) for key in SEARCH_GRID},
-        "grid": [{"setting": s.label, **asdict(s.spec)} for s in settings],
+        "grid": [{"setting": s.label, **s.as_json()} for s in settings],
         "skipped": [skipped.as_json() for skipped in grid.skipped],
         "rounds": rounds_json(rounds, settings),
         "table": table,
@@ -275,7 +259,7 @@ def load_prompts(config: dict, inputs: dict, model_info: dict, planned_sha256: s
 
 
 def run_search(
-    config: dict, export_dir: Path, model_info: dict, prompt_set: PromptSet, settings: list[Setting]
+    config: dict, export_dir: Path, model_info: dict, prompt_set: PromptSet, settings: list[Speculation]
 ) -> tuple[Measurements, list[Round], str]:
     """Load the models, warm up, run the rounds; the measurements, rounds and device name."""
     from draftsmith.target.special_tokens import stop_ids

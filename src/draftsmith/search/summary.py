@@ -7,14 +7,14 @@ No torch here: the report and the serving benchmark import this module.
 
 from __future__ import annotations
 
-from draftsmith.evaluate import launch_markdown, tree_text
+from draftsmith.evaluate import launch_markdown
 from draftsmith.formats.markdown import fmt, table
-from draftsmith.runtime.sglang import Speculation
+from draftsmith.speculation import Speculation
 
 
 def top_settings(search: dict, count: int) -> list[Speculation]:
     """The first `count` settings of the search's final ranking."""
-    return [Speculation(r["num_steps"], r["topk"], r["num_draft_tokens"]) for r in search["table"][:count]]
+    return [Speculation.of(row) for row in search["table"][:count]]
 
 
 def search_markdown(search: dict, serving: dict | None = None) -> str:
@@ -56,7 +56,7 @@ def _listed(values: list[int]) -> str:
 def _skipped(search: dict) -> str:
     if not search["skipped"]:
         return ""
-    lines = [f"- {tree_text(skipped)}: {skipped['reason']}" for skipped in search["skipped"]]
+    lines = [f"- {Speculation.of(skipped).shape}: {skipped['reason']}" for skipped in search["skipped"]]
     return "Skipped (num_steps/topk/num_draft_tokens):\n\n" + "\n".join(lines) + "\n"
 
 

@@ -6,16 +6,14 @@ machine's; server_args.py:1715-1856 and arg_groups/speculative_hook.py) and 0.5.
 parser CI installs, requirements/sglang-parser.txt; arg_groups/fields/spec.py):
 
 - A chain of k draft tokens is `--speculative-algorithm EAGLE3 --speculative-num-steps k
-  --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`. With topk 1, SGLang
-  replaces any other num_draft_tokens by k+1 and only logs a warning, so a config asking
-  for another value is refused rather than reported under a label it does not have.
+  --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`; a config asking for
+  another num_draft_tokens is refused (`draftsmith.speculation`).
 - EAGLE instead of EAGLE3 gives an EAGLE-3 draft the single last-layer state (H) instead
   of the three aux layers (3H), without an error (is_eagle() vs is_eagle3()).
-- Extra args in `_REFUSED` change what is measured without an error (random draft
-  weights, a foreign vocabulary map, lossy acceptance, a k that moves at run time, a draft
-  attending to a window only or keeping its KV cache in another dtype, another verification).
-  Flags SGLang added later are refused too (the draft KV dtype and the sink since 0.5.20 and
-  0.5.21, block verification since 0.5.23), as is 0.5.16's older spelling of the window.
+- Extra args in `runtime.sglang.REFUSED` change what is measured without an error (random
+  draft weights, a foreign vocabulary map, lossy acceptance, a k that moves at run time, a
+  draft attending to a window only or keeping its KV cache in another dtype, another
+  verification); every launch refuses them, each with its reason.
 - Without a quantization of its own the draft gets the target's `--quantization`, so draft
   servers set `--speculative-draft-model-quantization unquant` (`draft_flags`).
 - SGLANG_SIMULATE_ACC_LEN in the server's environment makes SGLang fake the acceptance
@@ -25,9 +23,8 @@ Plan-time checks (`check_config`, called from config validation) see only the co
 `check_draft` repeats the context check against the exported config.json at run time.
 `launch_command` also builds the evaluator's recommended launch (a chain or a tree), and
 `check_launch` has SGLang's own argument parser read it where SGLang is importable.
-`draft_command` serves any setting, chain or tree: the configured chains go through
-`build_command` and its refusals, the settings search's best settings (valid trees and
-chains by the search's own grid check) directly.
+`draft_command` serves any setting, chain or tree: the configured chains
+(`configured_chain`) and the settings search's best settings.
 """
 
 from __future__ import annotations
@@ -39,18 +36,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from draftsmith.config import export_serving_context
-from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.errors import ConfigError
+from draftsmith.runtime import sglang
 from draftsmith.runtime.sglang import (
     DRAFT_QUANTIZATION,
     UNQUANTIZED,
-    Speculation,
-    abbreviates,
-    base_launch_command,
-    check_owned_flags,
+    SGLangConfigError,
     flag_names,
     owned_flags,
     parse_flags,
+    speculative_flags,
 )
+from draftsmith.speculation import Speculation
 from draftsmith.store.plan import EXPORT_FILES
 
 SECTION = "serve_benchmark"
@@ -59,8 +56,6 @@ EAGLE3 = "EAGLE3"
 # The benchmark's servers answer on loopback only: they have no API key.
 HOST = "127.0.0.1"
 SIMULATE_ACCEPTANCE_ENV = "SGLANG_SIMULATE_ACC_LEN"
-_LOAD_FORMAT = "--load-format"
-_RANDOM_WEIGHTS = "dummy"
 
 # Flags the builder sets beyond `base_launch_command`'s, mapped to what to configure instead.
 _OWNED = {
@@ -73,82 +68,39 @@ _OWNED = {
     "--host": f"nothing (the benchmark serves on {HOST})",
     DRAFT_QUANTIZATION: f"nothing (draft servers run the draft as exported: {UNQUANTIZED})",
 }
-_LOSSY = "accepts draft tokens the target would not choose: AL rises and the output is not the target's"
-_MOVING_K = "changes the number of draft steps at run time, so the result would not belong to its k"
-_WINDOW = "limits the draft's attention to recent positions, short of the context it was exported for"
-_VERIFY = "replaces greedy verification, which the benchmark measures"
-_REFUSED = {
-    "--speculative-draft-load-format": "can load random draft weights (dummy): acceptance ~1 and no error",
-    "--speculative-token-map": "replaces the draft's own vocabulary map (d2t) with another table",
-    "--speculative-accept-threshold-single": _LOSSY,
-    "--speculative-accept-threshold-acc": _LOSSY,
-    "--speculative-adaptive": _MOVING_K,
-    "--speculative-adaptive-config": _MOVING_K,
-    "--enable-multi-layer-eagle": "runs a multi-layer EAGLE draft; the export has one layer",
-    "--speculative-draft-window-size": _WINDOW,
-    "--speculative-dflash-draft-window-size": _WINDOW,  # 0.5.16's older spelling
-    "--speculative-draft-sink-size": _WINDOW,
-    "--speculative-draft-kv-cache-dtype": "gives the draft's KV cache a dtype of its own (fp8: less precise)",
-    # Under it 0.5.16 samples the proposals of greedy requests too (they run at temperature 1,
-    # top-k 1; speculative/spec_utils.py, sample_draft_proposal); 0.5.21 takes their top token.
-    "--speculative-use-rejection-sampling": f"{_VERIFY} (0.5.16 then samples the draft's proposals)",
-    "--speculative-use-block-verification": f"{_VERIFY} (and turns rejection sampling on)",
-    "--config": "a config file could set any of these flags unseen",
-    # Secrets come from the environment, never from a config; the loopback server needs none.
-    "--api-key": "puts a secret in the config, and the benchmark's requests carry no key",
-    "--admin-api-key": "puts a secret in the config, and the benchmark's requests carry no key",
-}
 
 
 class ServeBenchError(ConfigError):
     """A benchmark that would measure something other than it says, or an answer that does not fit."""
 
 
-def num_draft_tokens(bench_cfg: dict, k: int) -> int:
-    return bench_cfg["num_draft_tokens"] or k + 1
-
-
 def launch_settings(bench_cfg: dict, port: int) -> dict:
-    """The generation.sglang-shaped block `base_launch_command` reads, for one server."""
-    sglang = bench_cfg["sglang"]
-    keys = ("python", "tp_size", "mem_fraction_static", "context_length")
-    return {**{key: sglang[key] for key in keys}, "host": HOST, "port": port}
-
-
-def build_command(
-    model_dir: str | Path,
-    bench_cfg: dict,
-    port: int,
-    *,
-    draft_dir: str | Path | None = None,
-    k: int | None = None,
-) -> list[str]:
-    """The `sglang.launch_server` command: the plain target, or with the draft for a chain of `k`."""
-    if (draft_dir is None) != (k is None):
-        raise ServeBenchError("a draft server needs both the draft directory and k; the baseline neither")
-    if k is None:
-        return launch_command(model_dir, bench_cfg, port)
-    check_chain(bench_cfg, k)
-    chain = Speculation(k, bench_cfg["eagle_topk"], num_draft_tokens(bench_cfg, k))
-    return draft_command(model_dir, bench_cfg, port, draft_dir, chain)
+    """The generation.sglang-shaped block `runtime.sglang.launch_command` reads, for one server."""
+    configured = bench_cfg["sglang"]
+    keys = ("python", "tp_size", "mem_fraction_static", "context_length", "extra_args")
+    return {**{key: configured[key] for key in keys}, "host": HOST, "port": port}
 
 
 def draft_command(
     model_dir: str | Path, bench_cfg: dict, port: int, draft_dir: str | Path, setting: Speculation
 ) -> list[str]:
     """The `sglang.launch_server` command of the target with the draft at `setting`."""
-    flags = setting.flags(bench_cfg["speculative_algorithm"], draft_dir)
+    flags = speculative_flags(setting, bench_cfg["speculative_algorithm"], draft_dir)
     return launch_command(model_dir, bench_cfg, port, flags)
 
 
 def launch_command(
     model_dir: str | Path, bench_cfg: dict, port: int, speculative: Sequence[str] = ()
 ) -> list[str]:
-    """`bench_cfg`'s server for `model_dir`, the `speculative` flags (`Speculation.flags`), then
+    """`bench_cfg`'s server for `model_dir`, the `speculative` flags (`speculative_flags`), then
     the extra args, refused if they would change what is served."""
-    extra = [str(arg) for arg in bench_cfg["sglang"]["extra_args"]]
-    check_extra_args(extra)
-    return base_launch_command(str(model_dir), launch_settings(bench_cfg, port)) + list(speculative) + extra
+    settings = launch_settings(bench_cfg, port)
+    try:
+        return sglang.launch_command(
+            str(model_dir), settings, SGLANG_SECTION, flags=speculative, owned=_OWNED, speculative=True
+        )
+    except SGLangConfigError as exc:
+        raise ServeBenchError(str(exc)) from None
 
 
 def check_launch(cmd: list[str], checked: Sequence[str]) -> bool:
@@ -185,7 +137,7 @@ def check_config(config: dict) -> None:
     checks: list[Callable[[], None]] = [
         lambda: _check_prompt_set(bench, config["evaluate"]["prompt_sets"]),
         lambda: check_algorithm(bench["speculative_algorithm"]),
-        *[lambda k=k: check_chain(bench, k) for k in bench["k"]],
+        *[lambda k=k: configured_chain(bench, k) for k in bench["k"]],
         lambda: check_extra_args([str(a) for a in bench["sglang"]["extra_args"]]),
         lambda: _check_planned_context(config),
     ]
@@ -226,37 +178,28 @@ def check_algorithm(algorithm: str, architectures: list[str] | None = None) -> N
         )
 
 
-def check_chain(bench_cfg: dict, k: int) -> None:
-    """A chain of k: topk 1 and k+1 draft tokens, or SGLang runs something else than asked."""
+def configured_chain(bench_cfg: dict, k: int) -> Speculation:
+    """The configured chain of `k`, refused unless SGLang runs it as that chain."""
     if bench_cfg["eagle_topk"] != 1:
         raise ServeBenchError(
             f"{SECTION}.eagle_topk: {bench_cfg['eagle_topk']}: the benchmark measures chains "
             "(topk 1); a tree of drafts has no single k to report"
         )
-    tokens = num_draft_tokens(bench_cfg, k)
-    if tokens != k + 1:
-        raise ServeBenchError(
-            f"{SECTION}.num_draft_tokens: {tokens} for k={k}: a chain of k verifies k+1 tokens "
-            f"({k + 1}); SGLang would silently use {k + 1} (leave num_draft_tokens null)"
-        )
+    tokens = bench_cfg["num_draft_tokens"]
+    chain = Speculation.chain(k) if tokens is None else Speculation(k, 1, tokens)
+    try:
+        chain.check()
+    except ValueError as exc:
+        raise ServeBenchError(f"{SECTION}.num_draft_tokens for k={k}: {exc} (leave it null)") from None
+    return chain
 
 
 def check_extra_args(extra: list[str]) -> None:
     """Refuse extra args that repeat builder flags or would falsify the measurement."""
     try:
-        check_owned_flags(extra, owned_flags(SGLANG_SECTION) | _OWNED, SGLANG_SECTION)
-    except DraftsmithError as exc:
+        sglang.check_extra_args(extra, SGLANG_SECTION, _OWNED, speculative=True)
+    except SGLangConfigError as exc:
         raise ServeBenchError(str(exc)) from None
-    for flag, values in parse_flags(extra):
-        value = values[0] if values else None
-        if abbreviates(flag, _LOAD_FORMAT) and value == _RANDOM_WEIGHTS:
-            raise ServeBenchError(
-                f"{SGLANG_SECTION}.extra_args: {flag} {value} loads random weights (for the draft "
-                "too): the benchmark would measure noise"
-            )
-        refused = next((name for name in _REFUSED if abbreviates(flag, name)), None)
-        if refused:
-            raise ServeBenchError(f"{SGLANG_SECTION}.extra_args: {flag} is refused: it {_REFUSED[refused]}")
 
 
 def _check_planned_context(config: dict) -> None:

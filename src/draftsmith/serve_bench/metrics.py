@@ -18,12 +18,11 @@ for the baseline and the draft.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from statistics import fmean
 
-from draftsmith.evaluate import chain_label, tree_label
-from draftsmith.runtime.sglang import Speculation
 from draftsmith.serve_bench.command import ServeBenchError
+from draftsmith.speculation import Speculation
 
 _RID_SEP = "@"
 
@@ -160,11 +159,6 @@ def speedup(baseline: dict, draft: dict) -> float | None:
     return round(draft["tokens_per_s"] / baseline["tokens_per_s"], 4)
 
 
-def label(setting: Speculation) -> str:
-    """A setting as the evaluator and the settings search name it: "k=3", "tree 3/2/6"."""
-    return chain_label(setting.num_steps) if setting.topk == 1 else tree_label(asdict(setting))
-
-
 def settings(baseline: dict[int, PassResult], drafts: dict[Speculation, dict[int, PassResult]]) -> list[dict]:
     """One entry per (setting, concurrency): both summaries, the speed-up, and how many outputs
     match. `k` is a chain's k (null for a tree)."""
@@ -179,9 +173,9 @@ def settings(baseline: dict[int, PassResult], drafts: dict[Speculation, dict[int
             )
             rows.append(
                 {
-                    "setting": label(setting),
-                    "k": setting.num_steps if setting.topk == 1 else None,
-                    **asdict(setting),
+                    "setting": setting.label,
+                    "k": setting.num_steps if setting.is_chain else None,
+                    **setting.as_json(),
                     "concurrency": concurrency,
                     "baseline": base,
                     "draft": draft,

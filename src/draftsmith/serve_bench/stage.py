@@ -30,34 +30,32 @@ from pathlib import Path
 import httpx
 
 from draftsmith.config import served_search_settings
-from draftsmith.evaluate import check_tree
 from draftsmith.formats.prompt_sets import training_prompts
 from draftsmith.runtime.gpus import acquire_gpus
 from draftsmith.runtime.jobs import optional_input
 from draftsmith.runtime.process import ManagedServer, free_port, redact
 from draftsmith.runtime.resources import serve_bench_gpus
-from draftsmith.runtime.sglang import Speculation
 from draftsmith.search import top_settings
 from draftsmith.serve_bench import metrics
 from draftsmith.serve_bench.command import (
     HOST,
     SECTION,
     ServeBenchError,
-    build_command,
-    check_chain,
     check_config,
     check_draft,
     check_environment,
+    configured_chain,
     draft_command,
+    launch_command,
     serving_context,
 )
+from draftsmith.speculation import BASELINE, Speculation
 from draftsmith.store import atomic, manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target.load import model_info, read_target_config
 
 log = logging.getLogger(__name__)
 
-BASELINE = "baseline"
 LOGS_DIR = "logs"
 
 
@@ -67,24 +65,13 @@ class BenchPrompt:
     input_ids: list[int]
 
 
-def setting_name(setting: Speculation | None) -> str:
-    """A server's name (its log file, its command's key): baseline, k3, tree3-2-6."""
-    if setting is None:
-        return BASELINE
-    if setting.topk == 1:
-        return f"k{setting.num_steps}"
-    return f"tree{setting.num_steps}-{setting.topk}-{setting.num_draft_tokens}"
-
-
 def draft_settings(bench_cfg: dict, searched: Sequence[Speculation] = ()) -> list[Speculation]:
     """The draft servers' settings: each configured chain (refused unless SGLang runs it as
     that chain), then each of the search's `searched` settings not among them."""
-    for k in bench_cfg["k"]:
-        check_chain(bench_cfg, k)
-    chains = [Speculation.chain(k) for k in bench_cfg["k"]]
+    chains = [configured_chain(bench_cfg, k) for k in bench_cfg["k"]]
     for setting in searched:
         try:
-            check_tree(setting.num_steps, setting.topk, setting.num_draft_tokens)
+            setting.check()
         except ValueError as exc:
             raise ServeBenchError(f"settings search's {setting}: {exc}") from None
     return chains + [setting for setting in dict.fromkeys(searched) if setting not in chains]
@@ -94,9 +81,9 @@ def build_commands(
     model_dir: str, draft_dir: Path, bench_cfg: dict, port: int, searched: Sequence[Speculation] = ()
 ) -> dict[str, list[str]]:
     """Every launch of the benchmark, built (and so checked) before any server starts."""
-    commands = {BASELINE: build_command(model_dir, bench_cfg, port)}
+    commands = {BASELINE: launch_command(model_dir, bench_cfg, port)}
     for setting in draft_settings(bench_cfg, searched):
-        commands[setting_name(setting)] = draft_command(model_dir, bench_cfg, port, draft_dir, setting)
+        commands[setting.label] = draft_command(model_dir, bench_cfg, port, draft_dir, setting)
     return commands
 
 
@@ -114,9 +101,9 @@ def run_benchmark(
     url = f"http://{HOST}:{port}"
 
     def run(setting: Speculation | None) -> dict[int, metrics.PassResult]:
-        name = setting_name(setting)
-        log_path = logs_dir / f"{name}.log"
-        return run_server(commands[name], url, prompts, bench_cfg, setting=setting, log_path=log_path)
+        label, slug = (setting.label, setting.slug) if setting else (BASELINE, BASELINE)
+        log_path = logs_dir / f"{slug}.log"
+        return run_server(commands[label], url, prompts, bench_cfg, setting=setting, log_path=log_path)
 
     baseline = run(None)
     drafts = {setting: run(setting) for setting in draft_settings(bench_cfg, searched)}
@@ -138,7 +125,7 @@ def run_server(
     """Start one server (`setting` None: the target alone), run every concurrency against it,
     tear its process group down."""
     sglang = bench_cfg["sglang"]
-    name = f"sglang {setting_name(setting)} server"
+    name = f"sglang {setting.label if setting else BASELINE} server"
     server = ManagedServer(
         cmd, f"{url}/health", log_path=log_path, startup_timeout_s=sglang["startup_timeout_s"], name=name
     )
@@ -270,7 +257,7 @@ def serve_bench(config: dict, inputs: dict, outputs: dict, log_file: str | None 
         port = bench["sglang"]["port"] or free_port()
         result = run_benchmark(hf_dir, draft_dir, prompts, bench, logs_dir, port, searched)
     if searched:
-        served = [metrics.label(setting) for setting in searched]
+        served = [setting.label for setting in searched]
         result["search"] = metrics.search_verdict(result["settings"], search, served)
     report = {
         "key": artifact.key,

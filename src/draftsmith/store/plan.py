@@ -360,13 +360,8 @@ class Plan:
     def built(self) -> list[Artifact]:
         """The artifacts a full run of this config builds (evaluation, the settings search
         and the serving benchmark only when enabled)."""
-        enabled = {
-            "evaluate": self.config["evaluate"]["enabled"],
-            "search": cfg.search_enabled(self.config),
-            "serve_bench": self.config["serve_benchmark"]["enabled"],
-        }
         # The states store has no manifest: each shard's index is its own (`shard`).
-        return [a for a in self.artifacts if enabled.get(a.stage, True) and a is not self.states]
+        return [a for a in self.artifacts if cfg.stage_on(self.config, a.stage) and a is not self.states]
 
     @property
     def generated_datasets(self) -> list[str]:
