@@ -34,17 +34,28 @@ def sglang_server_args() -> ModuleType:
         pytest.skip(reason)
 
 
+def demo_model_cache() -> Path:
+    """Where the converted demo model is kept between sessions: converting it takes ~20 s
+    (three GGUF parses in transformers), so each session after the first skips that. The
+    name holds what the bytes depend on: the GGUF's sha256 and the converter's version."""
+    import transformers
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    name = f"{DEMO_SOURCE['sha256'][:16]}-float32-transformers-{transformers.__version__}"
+    return cache / "draftsmith" / "test-models" / name
+
+
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct dequantised from the pinned GGUF, as the model stage does."""
+    """SmolLM2-135M-Instruct dequantised from the pinned GGUF, as the model stage does
+    (`DRAFTSMITH_TEST_MODEL_DIR` names another converted copy)."""
     from draftsmith.model.source import convert_gguf, fetch_gguf
 
-    cached = os.environ.get("DRAFTSMITH_TEST_MODEL_DIR")
-    if cached and (Path(cached) / "config.json").exists():
-        return Path(cached)
-    work = tmp_path_factory.mktemp("demo-model")
-    convert_gguf(fetch_gguf(DEMO_SOURCE, work), work / "hf", "float32")
-    return work / "hf"
+    cached = Path(os.environ.get("DRAFTSMITH_TEST_MODEL_DIR") or demo_model_cache())
+    if not (cached / "config.json").exists():
+        work = tmp_path_factory.mktemp("demo-model")
+        convert_gguf(fetch_gguf(DEMO_SOURCE, work), cached, "float32")  # atomic: never half a model
+    return cached
 
 
 def openai_cfg(url: str, **overrides) -> dict:

@@ -72,7 +72,7 @@ def test_settings_beyond_the_trained_draft_are_skipped_with_the_reason():
 
 def test_an_empty_grid_is_refused_naming_the_key_and_why():
     with pytest.raises(
-        ConfigError, match=r"^search: no valid setting in num_steps \[9\] x topk .*ttt_steps 7"
+        ConfigError, match=r"^search: no valid setting in num_steps \[9\] x topk .*ttt_steps 4"
     ):
         check_config(config_with({"num_steps": [9]}))
 

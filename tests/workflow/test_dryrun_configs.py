@@ -29,8 +29,18 @@ def test_dry_run_shows_the_plan(config):
         assert "source not found" in out
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-@pytest.mark.parametrize("graph", ["--rulegraph", "--dag"])
+def graph_cases() -> list:
+    """Every config with either graph. The fast subset draws the README's picture (the
+    default rule graph); the other seven are slow: each is a Snakemake start, and the dry
+    run above already builds every config's DAG there."""
+    cases = [(config, graph) for config in CONFIGS for graph in ("--rulegraph", "--dag")]
+    return [
+        pytest.param(*case, marks=[] if case == (CONFIGS[0], "--rulegraph") else [pytest.mark.slow])
+        for case in cases
+    ]
+
+
+@pytest.mark.parametrize(("config", "graph"), graph_cases(), ids=lambda v: getattr(v, "name", v))
 def test_graph_renders_with_dot(config, graph):
     dot = shutil.which("dot")
     if dot is None:
