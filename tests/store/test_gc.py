@@ -29,6 +29,7 @@ from draftsmith.store.plan import (
     LOCKS,
     MANIFEST,
     Artifact,
+    DamagedViewError,
     Plan,
     shard_name,
     shard_samples_path,
@@ -387,3 +388,16 @@ def test_verify_finds_a_damaged_samples_file_and_fix_writes_it_again_from_its_sh
     assert path.read_bytes() == intact and "  written again from its shard" in said
     said.clear()
     assert verify.run(plan.root, None, fix=False, configfiles=[], say=said.append) == 0
+
+
+def test_a_damaged_view_is_named_and_verify_reports_it_instead_of_failing(tmp_path, configs):
+    plan = configure(copy.deepcopy(configs["first"]))
+    store_shard(plan.states.directory, {"a1": [1, 2]})
+    write_view(plan, {"a1": [1, 2]}, plan.states.directory)
+    view = plan.hidden.path("assignment")
+    view.write_bytes(b"\x9c" + view.read_bytes()[1:])  # a flipped first byte
+    with pytest.raises(DamagedViewError, match=f"{view}: damaged.*draftsmith verify --fix"):
+        plan.mix_shard_names()
+    said: list[str] = []
+    assert verify.run(plan.root, plan, fix=False, configfiles=[], say=said.append) == 1
+    assert any(s.startswith("verify: ") for s in said)  # it ran to its summary

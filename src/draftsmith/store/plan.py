@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith import config as cfg
-from draftsmith.errors import InputChangedError
+from draftsmith.errors import DraftsmithError, InputChangedError
 from draftsmith.store.hashing import HashCache, sha256_bytes
 from draftsmith.store.keys import STAGES, answers_key, is_key, stage_key
 
@@ -209,6 +209,10 @@ def _content_hashes(params: dict) -> str:
 def answer_store(root: Path, model_key: str, generation: dict) -> Path:
     """The answer store directory of one model and generation settings (`keys.answers_key`)."""
     return Path(root) / ANSWERS / answers_key(model_key, generation)
+
+
+class DamagedViewError(DraftsmithError):
+    pass
 
 
 def shard_name(addresses: list[str]) -> str:
@@ -505,7 +509,12 @@ class Plan:
     def mix_shard_names(self) -> list[str]:
         """The stored shards the mix reads, once its view is written (none before)."""
         view = self.hidden.path("assignment")
-        return json.loads(view.read_text(encoding="utf-8"))["shards"] if view.exists() else []
+        if not view.exists():
+            return []
+        try:
+            return json.loads(view.read_text(encoding="utf-8"))["shards"]
+        except (ValueError, KeyError) as exc:  # bytes damaged on disk: say where, not a traceback
+            raise DamagedViewError(f"{view}: damaged ({exc}); run: draftsmith verify --fix") from exc
 
     def shard_samples(self, name: str) -> Path:
         """The samples a stored shard holds or will hold (`name` may be a wildcard)."""

@@ -40,7 +40,15 @@ from draftsmith.formats import shards
 from draftsmith.store import answers, atomic, gc, manifest
 from draftsmith.store.atomic import TMP_PREFIX
 from draftsmith.store.hashing import sample_address, sha256_file
-from draftsmith.store.plan import MANIFEST, SHARD_SAMPLES, STAGED, Plan, shard_name, shard_path
+from draftsmith.store.plan import (
+    MANIFEST,
+    SHARD_SAMPLES,
+    STAGED,
+    DamagedViewError,
+    Plan,
+    shard_name,
+    shard_path,
+)
 
 SHARD_INDEX_GLOB = "shard-*.json"
 RECORD_SUFFIX = ".record.json"
@@ -194,7 +202,11 @@ def scan(root: Path, plan: Plan | None = None) -> tuple[int, list[Finding]]:
 
 def missing(plan: Plan) -> list[Finding]:
     """The artifacts (and shards) a full run of the plan builds that are not there."""
-    wanted = [a.manifest for a in plan.built] + [plan.shard(name) for name in plan.mix_shard_names()]
+    try:
+        names = plan.mix_shard_names()
+    except DamagedViewError:  # its manifest check reports it, `--fix` rebuilds it
+        names = []
+    wanted = [a.manifest for a in plan.built] + [plan.shard(name) for name in names]
     return [Finding(path, [f"{path}: missing"], [], missing=True) for path in wanted if not path.exists()]
 
 
