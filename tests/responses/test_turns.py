@@ -32,12 +32,19 @@ def user(text: str) -> dict:
     return {"role": "user", "content": text}
 
 
-def tool_conversation(index: int = 0) -> Prompt:
+def tool_conversation(
+    index: int = 0,
+    ask: str = "Weather in Oslo?",
+    city: str = "Oslo",
+    result: str = "-3 C, snow",
+    reply: str = "Snowy.",
+) -> Prompt:
+    """A dataset conversation: a question, the dataset's weather call and its result, a reply, thanks."""
     messages = [
-        user("Weather in Oslo?"),
-        {"role": "assistant", "content": "", "tool_calls": [call("Oslo", id="d1")]},
-        {"role": "tool", "content": "-3 C, snow", "tool_call_id": "d1"},
-        {"role": "assistant", "content": "Snowy."},
+        user(ask),
+        {"role": "assistant", "content": "", "tool_calls": [call(city, id="d1")]},
+        {"role": "tool", "content": result, "tool_call_id": "d1"},
+        {"role": "assistant", "content": reply},
         user("Thanks."),
     ]
     return Prompt(f"conv-{index:06d}", index, index + 1, messages, [WEATHER])
@@ -202,14 +209,7 @@ def test_every_turn_with_the_real_model_asks_each_turn_once_and_resumes_per_turn
 
 def test_matching_calls_keep_the_datasets_results_through_an_openai_server(tmp_path):
     """The canned server calls weather(Bergen) for a user turn "call: weather Bergen"."""
-    messages = [
-        user("call: weather Bergen"),
-        {"role": "assistant", "content": "", "tool_calls": [call("Bergen", id="d1")]},
-        {"role": "tool", "content": "rain", "tool_call_id": "d1"},
-        {"role": "assistant", "content": "Rain in Bergen."},
-        user("Thanks."),
-    ]
-    conversation = Prompt("conv-000000", 0, 1, messages, [WEATHER])
+    conversation = tool_conversation(0, "call: weather Bergen", "Bergen", "rain", "Rain in Bergen.")
     with FaultProxy() as proxy:
         cfg = openai_cfg(proxy.url)
         stats = run_every_turn(lambda: OpenAIBackend("conv", cfg, GENERATION, "m"), tmp_path, [conversation])
