@@ -7,6 +7,11 @@ rule vocab:
         **by_content(
             model=MODEL_INFO,
             merged=MERGED,
+            # Read by nothing: it orders vocab after the checkpoint `hidden_assign`. A job
+            # finishing while Snakemake (9.27) updates the DAG after a checkpoint can make
+            # it drop every job still to run and exit 0 (train never built); vocab was the
+            # only job that could run beside the checkpoint.
+            after_assign=str(PLAN.hidden.path("assignment")),
         ),
     output:
         **built(PLAN.vocab.outputs),
