@@ -12,6 +12,12 @@
 #                                         # GGUF assembled, the medium run (or only TARGETs,
 #                                         # e.g. export, so that a call does not start a job
 #                                         # it cannot finish) for at most SECONDS
+#   bash bench/device_run.sh start SECONDS [TARGET...]
+#                                         # there, instead of run: the medium run in its own
+#                                         # session, so that it goes on between calls (the
+#                                         # machine stays only while calls follow within ~30 s);
+#                                         # waits for it at most SECONDS
+#   bash bench/device_run.sh wait SECONDS # there: waits for that run at most SECONDS more
 # Every run phase writes its tables to $OUT: the benchmark, training summary, stage times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -72,6 +78,31 @@ report() {
     return 0
 }
 
+# The background run's pid; its log is /tmp/device_run.log, as for run.
+pid_file=/tmp/device_run.pid
+
+start_background() {
+    if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
+        echo "device_run: the medium run is already running (pid $(cat "$pid_file"))"
+        return 0
+    fi
+    # Its own session outlives the call; no inherited descriptor keeps the call open.
+    setsid bash -c 'SECONDS=0; status=0; bash bench/medium_run.sh "$@" --quiet rules || status=$?
+        echo "device_run: medium run exit $status after ${SECONDS} s"' device_run "$@" \
+        </dev/null >/tmp/device_run.log 2>&1 &
+    echo $! >"$pid_file"
+}
+
+wait_background() {
+    local deadline=$((SECONDS + $1))
+    while kill -0 "$(cat "$pid_file")" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+        sleep 5
+    done
+    kill -0 "$(cat "$pid_file")" 2>/dev/null && echo "device_run: still running after $1 s"
+    tail -n 5 /tmp/device_run.log
+    report
+}
+
 case "${1:-}" in
 split)
     split_model
@@ -94,8 +125,21 @@ run)
     echo "device_run: medium run exit $status after ${SECONDS} s" | tee -a /tmp/device_run.log
     report
     ;;
+start)
+    seconds=${2:?seconds}
+    shift 2
+    . bench/device_setup.sh
+    keep_parts
+    assemble_model
+    start_background "$@"
+    wait_background "$seconds"
+    ;;
+wait)
+    . bench/device_setup.sh
+    wait_background "${2:?seconds}"
+    ;;
 *)
-    echo "usage: bench/device_run.sh split | setup | run SECONDS" >&2
+    echo "usage: bench/device_run.sh split | setup | run SECONDS | start SECONDS | wait SECONDS" >&2
     exit 2
     ;;
 esac
