@@ -16,6 +16,14 @@ import yaml
 from draftsmith.store import manifest, verify
 from draftsmith.store.hashing import sha256_file
 
+# Under pytest-xdist each of the workers (and the jobs its tests start) gets one torch thread:
+# two workers each running two threads on two cores spend their time waiting at barriers.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SOURCE = yaml.safe_load((REPO / "config.yaml").read_text())["model"]["source"]
 # Set by .ci/run, which installs requirements/sglang-parser.txt: there a missing parser fails.
@@ -49,12 +57,19 @@ def demo_model_cache() -> Path:
 def demo_model_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct dequantised from the pinned GGUF, as the model stage does
     (`DRAFTSMITH_TEST_MODEL_DIR` names another converted copy)."""
+    import fcntl
+
     from draftsmith.model.source import convert_gguf, fetch_gguf
 
     cached = Path(os.environ.get("DRAFTSMITH_TEST_MODEL_DIR") or demo_model_cache())
-    if not (cached / "config.json").exists():
-        work = tmp_path_factory.mktemp("demo-model")
-        convert_gguf(fetch_gguf(DEMO_SOURCE, work), cached, "float32")  # atomic: never half a model
+    if (cached / "config.json").exists():
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with open(cached.parent / f"{cached.name}.lock", "w") as lock:  # parallel workers convert once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cached / "config.json").exists():
+            work = tmp_path_factory.mktemp("demo-model")
+            convert_gguf(fetch_gguf(DEMO_SOURCE, work), cached, "float32")  # atomic: never half a model
     return cached
 
 
@@ -152,8 +167,9 @@ COLOURS = ["Name a primary colour.", "Say hi.", "Name a fruit.", "What is 2 + 2?
 HELD_OUT = ["Name a planet.", "Count to three."]
 
 
-def pipeline_config(tmp: Path, model_dir: Path, store: Path | None = None) -> dict:
-    """A config that runs every stage (responses to the report) in about a minute on 2 cores."""
+def pipeline_config(tmp: Path, model_dir: Path, store: Path | None = None, search: bool = False) -> dict:
+    """A config that runs every stage (responses to the report) in about a minute on 2 cores;
+    the search (a job of its own decodes) only with `search`: one suite runs it end to end."""
     datasets = {
         "facts": write_rows(tmp / "facts.jsonl", FACTS),
         "colours": write_rows(tmp / "colours.jsonl", COLOURS),
@@ -180,7 +196,11 @@ def pipeline_config(tmp: Path, model_dir: Path, store: Path | None = None) -> di
         "warmup_prompts": 0,
         "prompt_sets": {"held_out": {"path": str(held_out), "format": "prompt"}},
     }
-    config["search"] = {"num_steps": [2], "topk": [1, 2], "num_draft_tokens": [4]}  # a chain and a tree
+    config["search"] = (
+        {"num_steps": [2], "topk": [1, 2], "num_draft_tokens": [4]}  # a chain and a tree
+        if search
+        else {"enabled": False}
+    )
     return config
 
 
@@ -270,3 +290,27 @@ def built_by(works: list[Path]) -> dict[str, list[str]]:
             if "finished in" in text and "already built" not in text:
                 who.setdefault(str(log.relative_to(work / "logs")), []).append(work.name)
     return {job: names for job, names in who.items() if not job.startswith(("report", "hidden_estimate"))}
+
+
+def pytest_sessionfinish(session) -> None:
+    import chaos_tally
+
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: the controller prints
+        session.config.workeroutput["chaos"] = chaos_tally.snapshot()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    import chaos_tally
+
+    chaos_tally.absorb(getattr(node, "workeroutput", {}).get("chaos", {"tally": {}, "figures": {}}))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    import chaos_tally
+
+    lines = chaos_tally.summary_lines()
+    if lines:
+        terminalreporter.section("chaos summary")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -47,8 +47,10 @@ def test_stored_states_equal_hf_hidden_states(model, tmp_path):
         expected_aux = torch.cat([out.hidden_states[i][0] for i in aux.hf_hidden_states], dim=-1)
         assert stored.input_ids.tolist() == sample.input_ids
         assert stored.loss_mask.tolist() == sample.loss_mask
-        torch.testing.assert_close(stored.aux, expected_aux, atol=2e-4, rtol=1e-4)  # padding did not leak in
-        torch.testing.assert_close(stored.final, out.hidden_states[-1][0], atol=2e-4, rtol=1e-4)
+        # Padding that leaked in would move whole rows; a batched float32 matmul blocks its sums
+        # differently from a single row's (by the thread count too), a few 1e-4 at most.
+        torch.testing.assert_close(stored.aux, expected_aux, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(stored.final, out.hidden_states[-1][0], atol=1e-3, rtol=1e-3)
 
 
 def test_misaligned_rows_are_caught(model, tmp_path, monkeypatch):
