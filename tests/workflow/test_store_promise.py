@@ -34,12 +34,14 @@ def draftsmith(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, demo_model_dir):
-    """One finished run of every stage, its store outside the working directory."""
+    """One finished run of every stage, the search included, its store outside the working
+    directory."""
     base = tmp_path_factory.mktemp("promise")
     work, store = base / "checkout", base / "shared store"
     work.mkdir()
-    config = pipeline_config(work, demo_model_dir, store)
+    config = pipeline_config(work, demo_model_dir, store, search=True)
     snakemake(work, config)
+    assert list(store.glob("search/*/search.json"))  # the one end-to-end run of the search
     return work, config, store
 
 
