@@ -138,6 +138,7 @@ def test_unknown_package_is_named(tmp_path):
         dp.source_roots(["no_such_pkg_xyz"], stdlib=False)
 
 
+@pytest.mark.slow  # reads every docstring of the standard library
 def test_stdlib_alone_gives_thousands_of_prompts(tmp_path):
     code = dp.main(
         [

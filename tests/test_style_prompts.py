@@ -112,6 +112,7 @@ def test_small_sets_are_spread_over_groups(built):
     assert len({r["family"] for r in math}) == len(sp.MATH_FAMILIES) >= 10
 
 
+@pytest.mark.slow  # a second build over the standard library
 def test_two_builds_are_byte_identical(built, tmp_path):
     out, _ = built
     sp.build(tmp_path, sp.STYLES, **SMALL)
@@ -135,6 +136,7 @@ def test_generators_give_thousands_of_training_rows(full):
     assert len(sp.CHAT_TEMPLATES) >= 25
 
 
+@pytest.mark.slow  # collects the docstrings of the whole standard library
 def test_code_holds_out_what_docstring_prompts_holds_out(full):
     train, heldout = full["code"]
     assert all(dp.held_out(r["module"]) for r in heldout)

@@ -614,6 +614,7 @@ LONG_PROMPT = (
 )
 
 
+@pytest.mark.slow  # a second stage run; tests/evaluate/test_length.py checks the buckets
 def test_stage_reports_acceptance_by_prompt_length(tmp_path, demo_model_dir, model_info, export_dir):
     """by_length comes from the decoding already done: per bucket, verify-step weighted,
     empty buckets left out; the long-context flag compares the recommended setting."""

@@ -30,6 +30,12 @@ from draftsmith.speculation import max_draft_tokens
 # (num_steps, topk, num_draft_tokens); the exported draft has two tokens, so topk <= 2.
 EXPORT_SETTINGS = [(2, 2, 4), (3, 2, 6), (3, 2, 11), (1, 2, 3)]
 SENSITIVE_SETTINGS = [(2, 2, 4), (3, 2, 6), (3, 4, 8), (1, 3, 4), (4, 3, 12)]
+# The fast subset decodes one tree per draft (the deepest and widest); the rest are slow.
+FAST = {("export", (3, 2, 6)), ("sensitive", (4, 3, 12)), ("sensitive", 3)}
+
+
+def fast_or_slow(*case) -> pytest.param:
+    return pytest.param(*case, marks=[] if case in FAST else [pytest.mark.slow])
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +59,8 @@ def drafts(draft, sensitive) -> dict:  # noqa: F811
 
 @pytest.mark.parametrize(
     "which, settings",
-    [("export", s) for s in EXPORT_SETTINGS] + [("sensitive", s) for s in SENSITIVE_SETTINGS],
+    [fast_or_slow("export", s) for s in EXPORT_SETTINGS]
+    + [fast_or_slow("sensitive", s) for s in SENSITIVE_SETTINGS],
 )
 def test_tree_is_lossless(model, drafts, aux, heldout, stops, greedy_outputs, which, settings):  # noqa: F811
     num_steps = settings[0]
@@ -70,8 +77,9 @@ def test_tree_is_lossless(model, drafts, aux, heldout, stops, greedy_outputs, wh
     assert 0 in reach and max(reach) >= 1
 
 
-@pytest.mark.parametrize("which", ["export", "sensitive"])
-@pytest.mark.parametrize("num_steps", [1, 3])
+@pytest.mark.parametrize(
+    "which, num_steps", [fast_or_slow(which, k) for which in ("export", "sensitive") for k in (1, 3)]
+)
 def test_topk_one_is_the_chain(model, drafts, aux, heldout, stops, which, num_steps):  # noqa: F811
     for prompt in heldout:
         chain = sd.speculative(model, drafts[which], aux, prompt.input_ids, num_steps, MAX_NEW, stops)

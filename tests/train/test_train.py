@@ -314,6 +314,7 @@ def test_data_parallel_gloo_equals_one_process(spec, tmp_path):
         torch.testing.assert_close(weights_two[name], tensor, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # two torch processes more: the gloo equality above is the fast check
 def test_resume_across_a_change_of_process_count(spec, tmp_path):
     """Segment 0 on one process, segment 1 on two (gloo): the steps, the data position and
     the weights of one process running both, within float tolerance."""
@@ -342,6 +343,7 @@ def test_nccl_between_gpus_gloo_on_cpu():
     assert train.process_group_backend("cpu") == "gloo"
 
 
+@pytest.mark.slow  # two torch processes more: the gloo equality above is the fast check
 def test_srun_tasks_take_their_ranks_from_slurm(spec, tmp_path):
     """Two processes given only what srun gives its tasks (SLURM_PROCID, SLURM_NTASKS,
     SLURM_LOCALID) and the launcher's rendezvous train exactly as torchrun's two ranks."""

@@ -19,7 +19,13 @@ def smk(config: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def fast_for_the_default(configs: list[Path]) -> list:
+    """The default config in the fast subset, the production configs (a Snakemake start
+    each) in the full suite."""
+    return [pytest.param(c, marks=[] if c == CONFIGS[0] else [pytest.mark.slow]) for c in configs]
+
+
+@pytest.mark.parametrize("config", fast_for_the_default(CONFIGS), ids=lambda p: p.name)
 def test_dry_run_shows_the_plan(config):
     result = smk(config, "-n", "merged")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -45,6 +45,7 @@ def test_search_is_a_target(tmp_path):
     assert not {"evaluate", "report", "all"} & set(jobs)
 
 
+@pytest.mark.slow  # two more Snakemake starts; the plan with the search is the fast check
 @pytest.mark.parametrize("off", [{"search": {"enabled": False}}, {"evaluate": {"enabled": False}}])
 def test_turning_it_off_leaves_it_out(tmp_path, off):
     jobs = dry_run(tmp_path, default_config(tmp_path, **off))
