@@ -1,4 +1,5 @@
-"""Configuration loading and validation against schemas/config.schema.yaml.
+"""Configuration loading and validation against the schema shipped in the package
+(draftsmith/schemas/config.schema.yaml, so that any install, not only an editable one, has it).
 
 Errors name the key path and what was expected, e.g.
 `config: generation.openai.concurrency: expected integer, got 'eight'`.
@@ -18,7 +19,7 @@ import yaml
 
 from draftsmith.errors import ConfigError
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
 
 def _with_defaults(validator_class: type) -> type:

@@ -472,3 +472,24 @@ def test_command_line_values_are_read_as_yaml_and_merged_over_the_config():
     assert config["experiment"] == "007" and config["notes"] is None
     with pytest.raises(ConfigError, match="--config search: not valid YAML"):
         cfg.apply_command_line(config, ["search={enabled: [}"])
+
+
+@pytest.mark.slow  # a pip install of the package (no dependencies) into a directory
+def test_a_regular_install_ships_the_schema(tmp_path):
+    """Not only an editable install: the schema is package data, read from the install."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(repo)],
+        check=True, capture_output=True, cwd=tmp_path,
+    )  # fmt: skip
+    probe = "from draftsmith import config; print(config.SCHEMA_PATH); print(config.load_schema()['type'])"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target)},
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert Path(out[0]).is_relative_to(target) and out[1] == "object"
