@@ -3,7 +3,7 @@
 
 import json
 
-from draftsmith.config import dataset_name_pattern
+from draftsmith.config import dataset_name_pattern, dataset_settings
 
 
 wildcard_constraints:
@@ -105,11 +105,7 @@ def dataset_source(wildcards):
 
 
 def dataset_backend(wildcards):
-    return (
-        config["datasets"][wildcards.dataset]
-        .get("generation", {})
-        .get("backend", config["generation"]["backend"])
-    )
+    return dataset_settings(config, wildcards.dataset)["generation"]["backend"]
 
 
 def planned_responses(wildcards):
