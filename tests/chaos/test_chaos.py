@@ -48,6 +48,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 SEED = int(os.environ.get("DRAFTSMITH_CHAOS_SEED", "15"))
 KILLS = 30
 DAMAGE_CASES = 8
+# The job scripts in the order a run reaches them; kills cycle through the targets.
+STAGE_ORDER = (
+    "model", "responses", "tokens", "merged", "hidden_assign", "hidden_estimate",
+    "hidden_shard", "vocab", "train_segment", "train", "export", "evaluate", "report",
+)  # fmt: skip
+KILL_TARGETS = ("responses", "tokens", "hidden_shard", "train_segment", "export", "evaluate")
 JOB_SCRIPT = re.compile(r"\.snakemake/scripts/tmp\w+\.(\w+)\.py")
 
 
@@ -65,6 +71,18 @@ def running_jobs(work: Path) -> dict[int, str]:
         if match and str(work) in cmdline:
             jobs[int(proc.name)] = match.group(1)
     return jobs
+
+
+def reached(proc: subprocess.Popen, work: Path, stage: str, timeout_s: float = 600) -> bool:
+    """Wait until a job of `stage` or of a later one runs (True) or snakemake exits (False)."""
+    rank = STAGE_ORDER.index(stage)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(STAGE_ORDER.index(s) >= rank for s in running_jobs(work).values() if s in STAGE_ORDER):
+            return True
+        time.sleep(0.1)
+    assert proc.poll() is not None, f"no job of {stage} or later within {timeout_s} s"
+    return False
 
 
 def wait_gone(work: Path, timeout_s: float = 60) -> None:
@@ -116,9 +134,11 @@ def reference(tmp_path_factory, demo_model_dir):
 
 # --- kill -9 ----------------------------------------------------------------------------
 def test_kill9_at_random_points(tmp_path, demo_model_dir, transformers_server, tally):
-    """Kill snakemake (or its whole process group) at seeded random times until KILLS kills;
-    a run that finishes first starts a new round with a new merge seed, so kills reach
-    every stage. The `facts` dataset is generated through a counting proxy in front of a
+    """Kill snakemake (or its whole process group) at a seeded random time into a stage until
+    KILLS kills: kill i waits for a job of KILL_TARGETS[i % len] (or of a later stage, once
+    that one is done) and kills within a few seconds of it, so kills reach every stage
+    whatever the machine's speed. A run that finishes first starts a new round with a new
+    merge seed. The `facts` dataset is generated through a counting proxy in front of a
     real OpenAI-compatible server: a paid answer once journaled is never requested again.
     An answer the proxy sent but the killed client had not yet journaled is lost in flight
     (no client can avoid that window); it may be requested again and is counted apart."""
@@ -148,16 +168,18 @@ def test_kill9_at_random_points(tmp_path, demo_model_dir, transformers_server, t
                 snakemake_cmd(work, path), env=env, start_new_session=True,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-            try:
-                assert proc.wait(timeout=rng.uniform(2, 12)) == 0
+            target = KILL_TARGETS[kills % len(KILL_TARGETS)]
+            if reached(proc, work, target):
+                time.sleep(rng.uniform(0, 3))
+            if proc.poll() is not None:
+                assert proc.returncode == 0
                 rounds += 1  # finished before the kill: the next round retrains
                 continue
-            except subprocess.TimeoutExpired:
-                stages.update(running_jobs(work).values())
-                whole_group = rng.random() < 0.5
-                os.killpg(proc.pid, signal.SIGKILL) if whole_group else proc.kill()
-                proc.wait()
-                kills += 1
+            stages.update(running_jobs(work).values())
+            whole_group = rng.random() < 0.5
+            os.killpg(proc.pid, signal.SIGKILL) if whole_group else proc.kill()
+            proc.wait()
+            kills += 1
             wait_gone(work)
             journaled = journaled_prompts(store)
             for prompt, count in proxy.delivered.items():
