@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
@@ -290,6 +291,16 @@ def built_by(works: list[Path]) -> dict[str, list[str]]:
             if "finished in" in text and "already built" not in text:
                 who.setdefault(str(log.relative_to(work / "logs")), []).append(work.name)
     return {job: names for job, names in who.items() if not job.startswith(("report", "hidden_estimate"))}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first. pytest-xdist hands each file to the next free worker in this order
+    (`--no-loadscope-reorder`): the chaos and Slurm suites, then the files with the most
+    end-to-end test functions, so that no long file starts last and runs alone."""
+    functions = {(i.path, i.originalname) for i in items if i.get_closest_marker("slow")}
+    slow = Counter(path for path, _ in functions)
+    suites = {i.path for i in items if i.get_closest_marker("chaos") or i.get_closest_marker("slurm")}
+    items.sort(key=lambda item: (item.path not in suites, -slow[item.path]))
 
 
 def pytest_sessionfinish(session) -> None:
