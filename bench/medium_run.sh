@@ -11,11 +11,12 @@ gguf=data/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p data
 packages=(--package numpy --package scipy --package torch --package transformers --package sympy --package pandas)
 if [ ! -f data/docs-train.jsonl ]; then
-    python -m draftsmith.docstring_prompts --train data/docs-train.jsonl --heldout data/docs-heldout.jsonl \
+    python -m draftsmith promptgen docstrings --train data/docs-train.jsonl --heldout data/docs-heldout.jsonl \
         --min-train 10000 --heldout-count 64 "${packages[@]}"
 fi
 if [ ! -f data/styles/prose-heldout.jsonl ]; then
-    python -m draftsmith.style_prompts --out-dir data/styles --train-count 8000 --heldout-count 16 "${packages[@]}"
+    python -m draftsmith promptgen styles --out-dir data/styles --train-count 8000 --heldout-count 16 \
+        "${packages[@]}"
 fi
 [ "${1:-}" != --prompts ] || exit 0
 if [ ! -f "$gguf" ]; then

@@ -4,7 +4,7 @@
 artifacts against their manifests and stored answers against their own hashes, `gc`
 lists (and deletes) what no config plans or uses, and `migrate` brings an older store
 (stage renames, answers before the answer store, per-mix hidden states) into the current
-layout.
+layout. `promptgen` runs one of the offline prompt-set generators (`draftsmith.promptgen`).
 Configs are read as Snakemake reads them: `config.yaml` unless `--configfile` is given,
 several `--configfile` merged in order (the later wins).
 """
@@ -25,6 +25,8 @@ from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan, forget_sou
 from draftsmith.workflow import configure
 
 DEFAULT_CONFIG = Path("config.yaml")
+# `draftsmith promptgen GENERATOR ARGS...`: promptgen's modules (long-context: long_context.py).
+GENERATORS = ("docstrings", "styles", "long-context")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +93,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     move.add_argument("root", nargs="?", type=Path, help="store root (default: the config's artifacts_dir)")
     move.add_argument("--dry-run", action="store_true", help="print the steps without taking them")
+
+    offline = "build prompt files with one of the offline generators (no config, no store)"
+    generate = commands.add_parser(
+        "promptgen",
+        help=offline,
+        description=f"{offline}; `draftsmith promptgen GENERATOR --help` gives the generator's own options",
+    )
+    generate.add_argument("generator", choices=GENERATORS, metavar="GENERATOR", help=", ".join(GENERATORS))
+    generate.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the generator's arguments")
+    generate.set_defaults(run=_promptgen)
     return parser
 
 
@@ -182,6 +194,15 @@ def _built(plan: Plan, artifact: Artifact) -> bool:
         indexes = [plan.shard(name) for name in plan.mix_shard_names()]
         return all(p.exists() for p in [artifact.manifest, *indexes])
     return artifact.manifest.exists()
+
+
+# --- promptgen ---------------------------------------------------------------------------
+def _promptgen(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: the other commands never load the generators.
+    from draftsmith.promptgen import docstrings, long_context, styles
+
+    generator = {"docstrings": docstrings, "styles": styles, "long-context": long_context}[args.generator]
+    return generator.main(args.args)
 
 
 # --- store maintenance -------------------------------------------------------------------

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 
 from draftsmith.evaluate.length import (
-    Bucket,
-    buckets,
     by_length,
     length_markdown,
     long_context,
     long_context_markdown,
 )
+from draftsmith.formats.prompt_sets import Bucket, buckets
 
 DRAFT = {"training_max_length": 512, "max_position_embeddings": 8192, "rope_scaling": None}
 

@@ -1,5 +1,6 @@
-"""The house rules, checked: no import cycle, stages apart, console scripts that import, and
-every artifact file name spelled only in the artifact plan (docs/architecture.md)."""
+"""The house rules, checked: no import cycle, stages apart, the offline prompt generators
+apart, console scripts that import, and every artifact file name spelled only in the
+artifact plan (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "draftsmith"
 STAGE_PACKAGES = {*STAGES, "report"}
 INFRASTRUCTURE = {"store", "runtime", "target", "formats", "draft", "config", "errors", "speculation"}
+# The offline prompt-file generators: they use infrastructure, and nothing imports them but
+# the `draftsmith promptgen` command, inside its handler.
+PROMPTGEN = "promptgen"
+PROMPTGEN_LAZY_IMPORTERS = {"draftsmith.cli"}
 
 
 def module_name(path: Path) -> str:
@@ -29,10 +34,26 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
-def imports(name: str) -> set[str]:
-    """Every draftsmith module `name` imports, anywhere in it (function-local imports too)."""
+def import_statements(tree: ast.AST, in_functions: bool) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of `tree`; without `in_functions`, only those importing the
+    module runs (none inside a function, method or lambda)."""
+    functions = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        todo += [
+            child for child in ast.iter_child_nodes(node) if in_functions or not isinstance(child, functions)
+        ]
+    return found
+
+
+def imports(name: str, in_functions: bool = True) -> set[str]:
+    """Every draftsmith module `name` imports, anywhere in it (function-local imports too,
+    unless `in_functions` is false)."""
     found = set()
-    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+    for node in import_statements(ast.parse(MODULES[name].read_text()), in_functions):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("draftsmith")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("draftsmith"):
@@ -101,6 +122,50 @@ def test_stages_use_each_other_only_through_their_package():
 
 def test_infrastructure_imports_no_stage():
     assert imports_where(INFRASTRUCTURE, lambda _name, dep: top(dep) in STAGE_PACKAGES) == []
+
+
+def test_promptgen_uses_only_infrastructure():
+    """The prompt generators may import infrastructure and each other, no stage nor anything else."""
+    allowed = INFRASTRUCTURE | {PROMPTGEN}
+    found = imports_where({PROMPTGEN}, lambda _name, dep: top(dep) not in allowed)
+    assert found == [], f"draftsmith.promptgen may import only {sorted(allowed)}: {found}"
+
+
+def promptgen_importers() -> list[str]:
+    """`name imports dep` for each module outside promptgen that imports it; a lazy
+    importer may, inside its functions."""
+    return [
+        f"{name} imports {dep}"
+        for name in MODULES
+        if top(name) != PROMPTGEN
+        for dep in imports(name, in_functions=name not in PROMPTGEN_LAZY_IMPORTERS)
+        if top(dep) == PROMPTGEN
+    ]
+
+
+def test_nothing_imports_promptgen():
+    """Nothing in the pipeline imports the prompt generators; `draftsmith promptgen` loads
+    them only when it runs, so no other command imports them."""
+    found = promptgen_importers()
+    assert found == [], (
+        f"only {sorted(PROMPTGEN_LAZY_IMPORTERS)} may import draftsmith.promptgen, lazily: {found}"
+    )
+    lazily = imports("draftsmith.cli") - imports("draftsmith.cli", in_functions=False)
+    assert any(top(dep) == PROMPTGEN for dep in lazily), "the cli's handler imports the generators"
+
+
+@pytest.mark.parametrize(
+    ("importer", "text"),
+    [
+        ("draftsmith.cli", "from draftsmith.promptgen import styles\n"),
+        ("draftsmith.report", "def f():\n    import draftsmith.promptgen.styles\n"),
+    ],
+)
+def test_the_guard_sees_a_promptgen_import(monkeypatch, tmp_path, importer, text):
+    """An import of promptgen on import of the cli, or anywhere in another module, is found."""
+    (tmp_path / "m.py").write_text(text)
+    monkeypatch.setitem(MODULES, importer, tmp_path / "m.py")
+    assert promptgen_importers() == [f"{importer} imports draftsmith.promptgen.styles"]
 
 
 def test_console_scripts_import():

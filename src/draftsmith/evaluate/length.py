@@ -18,42 +18,12 @@ No torch here: the report imports this module.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 from draftsmith.formats.markdown import fmt, table
+from draftsmith.formats.prompt_sets import Bucket, bucket_of
 from draftsmith.speculation import BASELINE, Speculation
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """Prompts of min_tokens..max_tokens tokens (both inclusive; max None: no upper bound)."""
-
-    label: str
-    min_tokens: int
-    max_tokens: int | None
-
-
-def _tokens_text(count: int) -> str:
-    return f"{count // 1024}k" if count % 1024 == 0 else str(count)
-
-
-def buckets(bounds: list[int]) -> list[Bucket]:
-    """The buckets of ascending upper bounds `bounds` (no bounds: one bucket of every prompt)."""
-    if not bounds:
-        return [Bucket("all", 0, None)]
-    first, last = bounds[0], bounds[-1]
-    middle = [
-        Bucket(f"{_tokens_text(low)}-{_tokens_text(high)}", low, high - 1) for low, high in pairwise(bounds)
-    ]
-    head = Bucket(f"<{_tokens_text(first)}", 0, first - 1)
-    return [head, *middle, Bucket(f">={_tokens_text(last)}", last, None)]
-
-
-def bucket_of(prompt_tokens: int, bounds: list[int]) -> Bucket:
-    return buckets(bounds)[bisect_right(bounds, prompt_tokens)]
 
 
 @dataclass

@@ -8,6 +8,10 @@ not a valid prompt is an error: an evaluation set drops nothing.
 Overlap: a prompt's identity is its non-system turns, each normalised (Unicode NFKC,
 casefolded, whitespace collapsed) and hashed. The system prompt is left out, so the
 same question under another system prompt still counts as seen.
+
+Length buckets: prompts by rendered prompt tokens under ascending upper bounds
+(`evaluate.length_buckets`), as the evaluator's acceptance by length splits them and the
+long-context set's builder (`promptgen.long_context`) fills them.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
@@ -52,6 +58,38 @@ def render(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     return tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
+
+
+# --- length buckets -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Prompts of min_tokens..max_tokens tokens (both inclusive; max None: no upper bound)."""
+
+    label: str
+    min_tokens: int
+    max_tokens: int | None
+
+
+def _tokens_text(count: int) -> str:
+    return f"{count // 1024}k" if count % 1024 == 0 else str(count)
+
+
+def buckets(bounds: list[int]) -> list[Bucket]:
+    """The buckets of ascending upper bounds `bounds` (no bounds: one bucket of every prompt)."""
+    if not bounds:
+        return [Bucket("all", 0, None)]
+    first, last = bounds[0], bounds[-1]
+    middle = [
+        Bucket(f"{_tokens_text(low)}-{_tokens_text(high)}", low, high - 1) for low, high in pairwise(bounds)
+    ]
+    head = Bucket(f"<{_tokens_text(first)}", 0, first - 1)
+    return [head, *middle, Bucket(f">={_tokens_text(last)}", last, None)]
+
+
+def bucket_of(prompt_tokens: int, bounds: list[int]) -> Bucket:
+    return buckets(bounds)[bisect_right(bounds, prompt_tokens)]
 
 
 def load_prompt_set(

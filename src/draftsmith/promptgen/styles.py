@@ -6,7 +6,7 @@ packages or that this module writes itself:
 
 - `code`: complete a function's body from its signature (rebuilt from the AST) and its
   docstring, for the public documented functions and methods of the standard library
-  and named `--package`s. Held out by module, with `docstring_prompts`' split (same hash,
+  and named `--package`s. Held out by module, with `docstrings`' split (same hash,
   same share) and its first-seen rule for repeated docstrings, so a docstring training
   set built from the same sources never saw a held-out module either.
 - `math`: step-by-step word problems from project-written families, numbers drawn from a
@@ -26,7 +26,7 @@ code `module`, `name`; `source` "generator": `generator`, then `family`, `seed` 
 distributions, in a hash order seeded by `--seed` (which also seeds the math numbers);
 too few held-out rows is an error. `--max-prompt-chars` leaves longer prompts out.
 
-    python -m draftsmith.style_prompts --out-dir data/styles --train-count 8000 \\
+    draftsmith promptgen styles --out-dir data/styles --train-count 8000 \\
         --heldout-count 32 --package numpy
 
 writes `data/styles/{style}-train.jsonl` and `{style}-heldout.jsonl` for each style.
@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.docstring_prompts import (
+from draftsmith.promptgen.docstrings import (
     PromptSourceError,
     documented_nodes,
     held_out,
@@ -66,7 +66,9 @@ STYLES = ("code", "math", "chat", "prose")
 CHAT_HELDOUT_SHARE = 0.08
 PROSE_HELDOUT_SHARE = 0.1
 MATH_PER_FAMILY = 1000  # draws per family; repeats are dropped
-GENERATOR = "draftsmith.style_prompts"  # not __name__, which is __main__ under -m
+# The generator's recorded name in math and chat rows (not __name__): the module's name
+# before it moved to promptgen, kept so that files it wrote stay byte-identical.
+GENERATOR = "draftsmith.style_prompts"
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 def code_candidates(packages: list[str], stdlib: bool = True) -> Iterator[Candidate]:
     """One code prompt per public documented function or method, walked in
-    docstring_prompts' order; a docstring seen before is skipped as it skips it."""
+    `docstrings`' order; a docstring seen before is skipped as it skips it."""
     seen: set[str] = set()
     for prefix, root in source_roots(packages, stdlib):
         package, version = package_version(prefix)
@@ -994,7 +996,7 @@ def _count(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m draftsmith.style_prompts",
+        prog="draftsmith promptgen styles",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -9,7 +9,7 @@ continue or explain. Its length is counted in the target's tokens of the rendere
 so the builder reads the target's tokenizer. Each bucket of `--buckets`, cut to
 `--min-tokens`..`--max-tokens`, is split into `--per-bucket` equal slots of one prompt each.
 
-Held out twice over: only modules `docstring_prompts` holds out (the same split by module
+Held out twice over: only modules `docstrings` holds out (the same split by module
 hash at the same share, so a docstring training set never saw them), and no file sharing
 a line of 40 or more characters (normalised) with any text of the `--exclude` files
 (training prompt files, any format). The evaluator's overlap check applies as to any set.
@@ -17,7 +17,7 @@ a line of 40 or more characters (normalised) with any text of the `--exclude` fi
 Rows: id, prompt, task, package, version, module, path, lines [first, last] (1-based,
 inclusive), prompt_tokens.
 
-    python -m draftsmith.evaluate.long_prompts --out resources/eval/long_context.jsonl \\
+    draftsmith promptgen long-context --out resources/eval/long_context.jsonl \\
         --tokenizer artifacts/model/<key>/hf --buckets 512 2048 8192 --max-tokens 7000
 """
 
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from draftsmith.docstring_prompts import (
+from draftsmith.formats.prompt_sets import buckets, render
+from draftsmith.promptgen.docstrings import (
     HELDOUT_SHARE,
     PromptSourceError,
     held_out,
@@ -41,8 +42,6 @@ from draftsmith.docstring_prompts import (
     normalised,
     source_roots,
 )
-from draftsmith.evaluate.length import buckets
-from draftsmith.formats.prompt_sets import render
 from draftsmith.store import atomic
 
 TASKS = {
@@ -228,7 +227,7 @@ def build(
 def main(argv: list[str] | None = None) -> int:
     from draftsmith.target.load import load_tokenizer
 
-    parser = argparse.ArgumentParser(prog="python -m draftsmith.evaluate.long_prompts", description=__doc__)
+    parser = argparse.ArgumentParser(prog="draftsmith promptgen long-context", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokenizer", required=True, help="the target's HF directory (its tokenizer)")
     parser.add_argument("--buckets", type=int, nargs="+", default=[512, 2048, 8192])
@@ -239,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-stdlib", action="store_true")
     parser.add_argument("--exclude", type=Path, action="append", default=[], help="a training prompt file")
     parser.add_argument(
-        "--heldout-share", type=float, default=HELDOUT_SHARE, help="docstring_prompts' held-out share"
+        "--heldout-share", type=float, default=HELDOUT_SHARE, help="docstrings' held-out share"
     )
     args = parser.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ and each documented function or class becomes one prompt. Modules are split betw
 training and held-out prompts by a hash of the module name, so no held-out prompt
 shares a module, let alone a text, with a training prompt.
 
-    python -m draftsmith.docstring_prompts --train data/docs-train.jsonl \\
+    draftsmith promptgen docstrings --train data/docs-train.jsonl \\
         --heldout data/docs-heldout.jsonl --min-train 10000 --package numpy --package scipy
 """
 
@@ -221,7 +221,7 @@ def build(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftsmith.docstring_prompts", description=__doc__)
+    parser = argparse.ArgumentParser(prog="draftsmith promptgen docstrings", description=__doc__)
     parser.add_argument("--train", type=Path, required=True)
     parser.add_argument("--heldout", type=Path, required=True)
     parser.add_argument("--package", action="append", default=[], help="an installed package to read too")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import docstring_prompts as dp
+from draftsmith.promptgen import docstrings as dp
 
 PACKAGE = '''
 """Module docstring."""

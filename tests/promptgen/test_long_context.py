@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import write_training
 
-from draftsmith.docstring_prompts import held_out, normalised
-from draftsmith.evaluate import long_prompts as lp
-from draftsmith.evaluate.length import bucket_of
-from draftsmith.formats.prompt_sets import check_overlap, load_prompt_set, render, training_prompts
+from draftsmith.formats.prompt_sets import bucket_of, check_overlap, load_prompt_set, render, training_prompts
+from draftsmith.promptgen import long_context as lp
+from draftsmith.promptgen.docstrings import held_out, normalised
 from draftsmith.target import load as target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +49,7 @@ def test_builder_fills_the_requested_ranges_with_provenance_and_no_training_text
     for row, (lowest, highest) in zip(rows, sorted(slots), strict=True):
         assert set(row) == PROVENANCE and row["package"] == "stdlib" and row["task"] in lp.TASKS
         assert lowest <= row["prompt_tokens"] == _tokens(tokenizer, row["prompt"]) <= highest
-        assert held_out(row["module"])  # docstring_prompts' held-out modules only
+        assert held_out(row["module"])  # docstrings' held-out modules only
         quoted = _source_lines(row)
         assert (
             "\n".join(quoted) in row["prompt"]
