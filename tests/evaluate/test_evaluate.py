@@ -31,7 +31,8 @@ from draftsmith.evaluate.stage import (
     sglang_launch,
     vocab_coverage,
 )
-from draftsmith.export.formats import export_sglang, load_sglang_export
+from draftsmith.export.load import load_sglang_export
+from draftsmith.export.write import export_sglang
 from draftsmith.formats.datasets import Prompt
 from draftsmith.formats.prompt_sets import (
     EvalPrompt,

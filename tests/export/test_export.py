@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from draftsmith.draft import vocab
 from draftsmith.draft.model import DraftConfig, Eagle3Draft
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.formats import (
+from draftsmith.export.load import load_sglang_export
+from draftsmith.export.names import (
     CONFIG_FILE,
     KEY_MAPS,
     MANIFEST_FILE,
@@ -24,12 +25,9 @@ from draftsmith.export.formats import (
     WEIGHTS_FILE,
     ExportError,
     aux_layer_ids,
-    export_sglang,
-    export_vllm,
-    load_sglang_export,
-    validate_sglang,
-    validate_vllm,
 )
+from draftsmith.export.validate import validate_sglang, validate_vllm
+from draftsmith.export.write import export_sglang, export_vllm
 from draftsmith.store.hashing import sha256_file
 from draftsmith.target.layers import AuxLayers
 

@@ -8,7 +8,9 @@ import logging
 import time
 from pathlib import Path
 
-from draftsmith.export import formats
+from draftsmith.export.load import load_trained_draft
+from draftsmith.export.names import SGLANG, VLLM
+from draftsmith.export.write import export_sglang, export_vllm
 from draftsmith.store import manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target.layers import AuxLayers
@@ -23,7 +25,7 @@ def export(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
     settings = artifact.params
     hf_dir = Path(model_info(inputs["model"])["hf_dir"])
     _, weights = load_target(hf_dir, config["model"]["trust_remote_code"])
-    draft = formats.load_trained_draft(Path(inputs["weights"]), Path(inputs["config"]), weights["embed"])
+    draft = load_trained_draft(Path(inputs["weights"]), Path(inputs["config"]), weights["embed"])
     aux = AuxLayers.from_manifest(json.loads(Path(inputs["shard"]).read_text())["meta"]["layers"])
     common = {
         "aux": aux,
@@ -32,13 +34,13 @@ def export(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
         "dtype": settings["dtype"],
     }
     records = {
-        formats.SGLANG: formats.export_sglang(
+        SGLANG: export_sglang(
             draft,
             Path(outputs["sglang_config"]).parent,
             allow_ambiguous_sglang_ids=settings["allow_ambiguous_sglang_ids"],
             **common,
         ),
-        formats.VLLM: formats.export_vllm(
+        VLLM: export_vllm(
             draft,
             Path(outputs["vllm_config"]).parent,
             verifier_name_or_path=settings["verifier_name_or_path"] or str(hf_dir),

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from draftsmith.config import export_serving_context
 from draftsmith.errors import ConfigError
+from draftsmith.export import SGLANG_ARCHITECTURE
 from draftsmith.runtime import sglang
 from draftsmith.runtime.sglang import (
     DRAFT_QUANTIZATION,
@@ -163,8 +164,6 @@ def _check_prompt_set(bench: dict, prompt_sets: Mapping) -> None:
 def check_algorithm(algorithm: str, architectures: list[str] | None = None) -> None:
     """Refuse EAGLE for an EAGLE-3 draft; `architectures` (from the draft's config.json) default to
     what this pipeline exports."""
-    from draftsmith.export import SGLANG_ARCHITECTURE  # imports torch: only when needed
-
     if architectures is not None and SGLANG_ARCHITECTURE not in architectures:
         raise ServeBenchError(
             f"the draft's config.json names architectures {architectures}, not "
