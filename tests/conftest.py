@@ -74,6 +74,35 @@ def demo_model_dir(tmp_path_factory) -> Path:
     return cached
 
 
+@pytest.fixture(scope="session")
+def built_pipeline(tmp_path_factory, demo_model_dir) -> tuple[Path, dict]:
+    """(workdir, config) of one finished every-stage run of `pipeline_config` (search off),
+    built once per test run under a lock and shared by every worker: tests read it, and a
+    test that changes a store copies it first (`copied_pipeline`)."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if "PYTEST_XDIST_WORKER" in os.environ else root  # the workers' common base
+    work, done = root / "built-pipeline", root / "built-pipeline.json"
+    with open(root / "built-pipeline.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            work.mkdir()
+            config = pipeline_config(work, demo_model_dir, work / "store")
+            snakemake(work, config)
+            done.write_text(json.dumps(config))
+    return work, json.loads(done.read_text())
+
+
+def copied_pipeline(built: tuple[Path, dict], to: Path) -> tuple[Path, dict]:
+    """A copy of the built pipeline's workdir and store at `to`, its config pointing at the copy."""
+    import shutil
+
+    work, config = built
+    shutil.copytree(work, to, symlinks=True)
+    return to, dict(config, artifacts_dir=str(to / Path(config["artifacts_dir"]).relative_to(work)))
+
+
 def openai_cfg(url: str, **overrides) -> dict:
     """The schema's defaults for generation.openai, as config loading fills them in, with
     fast retries for the fault proxy."""
@@ -295,12 +324,19 @@ def built_by(works: list[Path]) -> dict[str, list[str]]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest files first. pytest-xdist hands each file to the next free worker in this order
-    (`--no-loadscope-reorder`): the chaos and Slurm suites, then the files with the most
-    end-to-end test functions, so that no long file starts last and runs alone."""
+    (`--no-loadscope-reorder`): the chaos and Slurm suites and the users of the shared pipeline
+    build, then the files with the most end-to-end test functions, so that no long file starts
+    last and runs alone."""
     functions = {(i.path, i.originalname) for i in items if i.get_closest_marker("slow")}
     slow = Counter(path for path, _ in functions)
-    suites = {i.path for i in items if i.get_closest_marker("chaos") or i.get_closest_marker("slurm")}
-    items.sort(key=lambda item: (item.path not in suites, -slow[item.path]))
+    long_files = {i.path for i in items if _long(i)}
+    items.sort(key=lambda item: (item.path not in long_files, -slow[item.path]))
+
+
+def _long(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("chaos") or item.get_closest_marker("slurm")) or (
+        "built_pipeline" in item.fixturenames
+    )
 
 
 def pytest_sessionfinish(session) -> None:

@@ -30,10 +30,10 @@ from conftest import (
     FACTS,
     built_by,
     changed,
+    copied_pipeline,
     finished_files,
     pipeline_config,
     planned_jobs,
-    snakemake,
     snakemake_cmd,
     workflow_config,
     write_rows,
@@ -49,12 +49,9 @@ DAMAGE_CASES = 8
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, demo_model_dir):
-    """A finished run of every stage: what damaged stores are repaired back to."""
-    work = tmp_path_factory.mktemp("reference")
-    config = pipeline_config(work, demo_model_dir, work / "store")
-    snakemake(work, config)
-    return work, config
+def reference(tmp_path_factory, built_pipeline):
+    """A finished run of every stage, this module's copy: what damaged stores are repaired back to."""
+    return copied_pipeline(built_pipeline, tmp_path_factory.mktemp("reference") / "work")
 
 
 # --- damage -------------------------------------------------------------------------------
