@@ -37,8 +37,11 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.formats import shards
-from draftsmith.formats.shards import ShardReader, ShardWriter
+from draftsmith.formats.shards import codec as shard_codec
+from draftsmith.formats.shards import sink as shard_sink
+from draftsmith.formats.shards import writer as shard_writer
+from draftsmith.formats.shards.reader import ShardReader
+from draftsmith.formats.shards.writer import ShardWriter
 from draftsmith.hidden.hf import AuxCapture, MergedSample, _pad, batches, extract
 from draftsmith.target.layers import default_aux_layers
 
@@ -69,7 +72,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--zstd-level", type=int, default=1)
     parser.add_argument("--writer-queue", type=int, default=4, help="extract.writer_queue (config default 4)")
     parser.add_argument("--out", type=Path, default=Path("bench/_shards"), help="shard dir (local disk)")
-    parser.add_argument("--no-writeback-kick", action="store_true", help="shards._WRITEBACK_CHUNK = 0")
+    parser.add_argument("--no-writeback-kick", action="store_true", help="shard_sink._WRITEBACK_CHUNK = 0")
     parser.add_argument("--probe", action="store_true", help="also time disk, sha256 and zstd alone")
     parser.add_argument(
         "--repeat",
@@ -106,7 +109,7 @@ def environment(args, out: Path) -> dict:
         "out_fs": _filesystem(out),
         "dirty_ratio": _read("/proc/sys/vm/dirty_ratio").strip(),
         "dirty_background_ratio": _read("/proc/sys/vm/dirty_background_ratio").strip(),
-        "writeback_chunk": getattr(shards, "_WRITEBACK_CHUNK", None),
+        "writeback_chunk": getattr(shard_sink, "_WRITEBACK_CHUNK", None),
     }
     try:
         import transformers
@@ -371,7 +374,7 @@ def probe(capture, samples, batch_tokens: int, device: str, out: Path, args) -> 
     blobs = []
     for row in range(len(batch)):
         for t in (aux[row], final[row]):
-            blobs.append(shards.shuffle_bytes(shards._to_numpy(t.cpu())))
+            blobs.append(shard_codec.shuffle_bytes(shard_writer._to_numpy(t.cpu())))
     megabytes = sum(b.nbytes for b in blobs) / 1e6
     results["zstd input"] = f"{len(blobs)} blobs, {megabytes:.0f} MB (one batch, shuffled)"
     try:
@@ -423,8 +426,8 @@ def probe(capture, samples, batch_tokens: int, device: str, out: Path, args) -> 
 
 def main() -> None:
     args = parse_args()
-    if args.no_writeback_kick and hasattr(shards, "_WRITEBACK_CHUNK"):
-        shards._WRITEBACK_CHUNK = 0
+    if args.no_writeback_kick and hasattr(shard_sink, "_WRITEBACK_CHUNK"):
+        shard_sink._WRITEBACK_CHUNK = 0
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment(args, args.out)
     print(json.dumps(env, indent=1), flush=True)

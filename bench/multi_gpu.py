@@ -35,7 +35,7 @@ from pathlib import Path
 
 from train_throughput import SHAPES, synthetic_spec
 
-from draftsmith.train import loop as train
+from draftsmith.train.launch import launch
 
 WARM_STEPS = 2  # first steps include allocator growth and kernel selection
 
@@ -44,7 +44,7 @@ def train_records(spec: dict, work: Path, world: int) -> list[dict]:
     spec = json.loads(json.dumps(spec))
     spec["train"]["gpus"] = world
     metrics = work / f"metrics-{world}.jsonl"
-    train.launch(spec, 0, None, work / f"ckpt-{world}.pt", metrics, world_size=world, torchrun=world > 1)
+    launch(spec, 0, None, work / f"ckpt-{world}.pt", metrics, world_size=world, torchrun=world > 1)
     lines = metrics.read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == "train"]
 

@@ -18,19 +18,17 @@ from draftsmith import config as cfg
 from draftsmith.draft import vocab
 from draftsmith.draft.model import DraftConfig, Eagle3Draft, shift
 from draftsmith.evaluate import spec_decode as sd
-from draftsmith.evaluate.stage import (
+from draftsmith.evaluate.launch import recommend, sglang_launch
+from draftsmith.evaluate.measure import (
     EvaluationError,
     LosslessError,
     Settings,
     _acceptance,
     benchmark_sets,
-    evaluate,
-    export_aux_layers,
-    recommend,
     section_key,
-    sglang_launch,
     vocab_coverage,
 )
+from draftsmith.evaluate.stage import evaluate, export_aux_layers
 from draftsmith.export.load import load_sglang_export
 from draftsmith.export.write import export_sglang
 from draftsmith.formats.datasets import Prompt

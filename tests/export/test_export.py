@@ -28,7 +28,7 @@ from draftsmith.export.names import (
 )
 from draftsmith.export.validate import validate_sglang, validate_vllm
 from draftsmith.export.write import export_sglang, export_vllm
-from draftsmith.store.hashing import sha256_file
+from draftsmith.fsutil.digests import sha256_file
 from draftsmith.target.layers import AuxLayers
 
 H, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, DRAFT_VOCAB, LAYERS = 32, 64, 4, 2, 8, 300, 50, 30

@@ -679,7 +679,7 @@ def test_heldout_prompts_are_not_training_prompts():
 # --- the content read is the content the key was computed from -------------------------------
 def test_content_read_must_hash_to_the_planned_hash(tmp_path):
     from draftsmith.errors import InputChangedError
-    from draftsmith.store.hashing import sha256_file
+    from draftsmith.fsutil.digests import sha256_file
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "A"}\n')
@@ -694,7 +694,7 @@ def test_content_read_must_hash_to_the_planned_hash(tmp_path):
 
 def test_rows_past_max_samples_are_hashed_too(tmp_path):
     from draftsmith.errors import InputChangedError
-    from draftsmith.store.hashing import sha256_file
+    from draftsmith.fsutil.digests import sha256_file
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "A"}\n{"prompt": "B"}\n')
@@ -707,7 +707,7 @@ def test_rows_past_max_samples_are_hashed_too(tmp_path):
 
 def test_a_parquet_source_is_hashed_after_reading(tmp_path):
     from draftsmith.errors import InputChangedError
-    from draftsmith.store.hashing import source_sha256
+    from draftsmith.fsutil.digests import source_sha256
 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"prompt": ["A"]}), path)

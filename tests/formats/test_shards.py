@@ -10,15 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.formats.shards import (
-    MODES,
-    SHARD_FORMAT_VERSION,
-    ZSTD_EXPECTED_RATIO,
-    ShardError,
-    ShardReader,
-    ShardWriter,
-    bytes_per_token,
-)
+from draftsmith.formats.shards.codec import ZSTD_EXPECTED_RATIO, bytes_per_token
+from draftsmith.formats.shards.layout import MODES, SHARD_FORMAT_VERSION, ShardError
+from draftsmith.formats.shards.reader import ShardReader
+from draftsmith.formats.shards.writer import ShardWriter
 from draftsmith.store import atomic
 
 H = 32

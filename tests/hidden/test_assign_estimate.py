@@ -37,7 +37,7 @@ def store_shard(store, rows: list[dict]) -> str:
     """A finished shard in `store` holding `rows` (states are zeros: only addresses count here)."""
     import torch
 
-    from draftsmith.formats.shards import ShardWriter
+    from draftsmith.formats.shards.writer import ShardWriter
 
     addressed = [(sample_address(r["input_ids"], r["loss_mask"]), r) for r in rows]
     name = shard_name([a for a, _ in addressed])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.formats.shards import ShardReader, ShardWriter
+from draftsmith.formats.shards.reader import ShardReader
+from draftsmith.formats.shards.writer import ShardWriter
 from draftsmith.hidden.hf import AuxCapture, ExtractionError, MergedSample, extract
 from draftsmith.target import load as target
 from draftsmith.target.layers import AuxLayers

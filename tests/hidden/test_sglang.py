@@ -20,19 +20,21 @@ from packaging.version import Version
 from draftsmith import config
 from draftsmith.errors import DraftsmithError, ModelError
 from draftsmith.hidden.sglang import (
-    CaptureError,
-    CaptureMode,
     SGLangCapture,
-    build_capture_command,
     build_generate_request,
-    check_draft_config,
     pair_passes,
     parse_capture_response,
-    read_target_config,
+)
+from draftsmith.hidden.sglang_launch import (
+    CaptureError,
+    CaptureMode,
+    build_capture_command,
+    check_draft_config,
     validate_capture_command,
 )
 from draftsmith.runtime.process import free_port
 from draftsmith.target.layers import AuxLayers
+from draftsmith.target.load import read_target_config
 
 H = 8
 LLAMA = {

@@ -137,7 +137,7 @@ class Outcome:
 
 def train_ranks() -> list[str]:
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if "draftsmith.train.loop" in line]
+    return [line for line in ps.splitlines() if "draftsmith.train.launch" in line]
 
 
 @pytest.fixture(scope="module")

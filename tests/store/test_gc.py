@@ -20,7 +20,7 @@ import yaml
 from conftest import stand_in_config
 
 from draftsmith import cli
-from draftsmith.formats.shards import ShardWriter
+from draftsmith.formats.shards.writer import ShardWriter
 from draftsmith.store import atomic, gc, lock, manifest, verify
 from draftsmith.store.atomic import TMP_PREFIX
 from draftsmith.store.hashing import sample_address

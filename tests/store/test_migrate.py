@@ -196,7 +196,7 @@ def write_per_mix_states(plan: Plan, samples: list[dict]) -> Path:
     settings>/` with shards whose rows name sample ids, and the stage's manifest."""
     import torch
 
-    from draftsmith.formats.shards import ShardWriter
+    from draftsmith.formats.shards.writer import ShardWriter
 
     upstream = {"model": plan.model.key, "merged": plan.merged.key}
     params = {**plan.states.params, "num_shards": 2}
@@ -216,7 +216,7 @@ def write_per_mix_states(plan: Plan, samples: list[dict]) -> Path:
 
 
 def test_per_mix_shards_are_linked_into_the_states_store_with_no_forward_pass(plan, tmp_path):
-    from draftsmith.formats.shards import ShardReader
+    from draftsmith.formats.shards.reader import ShardReader
     from draftsmith.hidden import assign
     from draftsmith.store import atomic
 

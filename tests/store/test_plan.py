@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from draftsmith import config as cfg
+from draftsmith.fsutil import digests
 from draftsmith.store import hashing
 from draftsmith.store import keys as stage_keys
 from draftsmith.store.hashing import HashCache
@@ -359,7 +360,7 @@ def test_hash_cache_hashes_once_while_untouched(tmp_path, hash_calls):
     data.write_bytes(b"x" * 100)
     cache = HashCache(tmp_path / "cache.json")
     digest = cache.sha256(data)
-    assert digest == hashing.sha256_bytes(b"x" * 100)
+    assert digest == digests.sha256_bytes(b"x" * 100)
     assert cache.sha256(data) == digest
     assert len(hash_calls) == 1
     cache.save()
@@ -383,11 +384,11 @@ def test_hash_cache_rehashes_a_changed_file(tmp_path, hash_calls):
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     reloaded = HashCache(tmp_path / "cache.json")
     second = reloaded.sha256(data)
-    assert second == hashing.sha256_bytes(b"secnd") != first
+    assert second == digests.sha256_bytes(b"secnd") != first
     assert len(hash_calls) == 2
     # A size change alone is enough too.
     data.write_bytes(b"longer content")
-    assert reloaded.sha256(data) == hashing.sha256_bytes(b"longer content")
+    assert reloaded.sha256(data) == digests.sha256_bytes(b"longer content")
     assert len(hash_calls) == 3
 
 
@@ -405,7 +406,7 @@ def test_hash_cache_survives_a_corrupt_cache_file(tmp_path):
     data = tmp_path / "data.bin"
     data.write_bytes(b"abc")
     cache = HashCache(tmp_path / "cache.json")
-    assert cache.sha256(data) == hashing.sha256_bytes(b"abc")
+    assert cache.sha256(data) == digests.sha256_bytes(b"abc")
     cache.save()
     assert json.loads((tmp_path / "cache.json").read_text())[str(data.resolve())]["sha256"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.store.hashing import sha256_file
+from draftsmith.fsutil.digests import sha256_file
 from draftsmith.store.staging import Staged
 
 

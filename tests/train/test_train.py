@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from draftsmith import config as cfg
 from draftsmith.draft.vocab import build, count_supervised
 from draftsmith.formats.merged import held_out_ids, id_fraction
-from draftsmith.formats.shards import ShardWriter
+from draftsmith.formats.shards.writer import ShardWriter
 from draftsmith.runtime import slurm
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import shard_name
@@ -27,6 +27,9 @@ from draftsmith.target.layers import AuxLayers
 from draftsmith.train import data as train_data
 from draftsmith.train import loop as train
 from draftsmith.train.data import TrainData, pack, sort_windows
+from draftsmith.train.launch import launch, write_rank_job
+from draftsmith.train.process_group import process_group_backend
+from draftsmith.train.state import TrainError
 from draftsmith.vocab.stage import vocab
 
 TEXTS = [
@@ -272,14 +275,14 @@ def test_checkpoint_restores_every_part_of_the_state(spec, tmp_path):
     assert restored.scheduler.state_dict() == trainer.scheduler.state_dict()
     assert restored.optimizer.param_groups[0]["lr"] == trainer.optimizer.param_groups[0]["lr"]
     assert torch.equal(torch.get_rng_state(), trainer.state_dict(0)["rng"]["torch"])
-    with pytest.raises(train.TrainError, match="checkpoint of draft"):
+    with pytest.raises(TrainError, match="checkpoint of draft"):
         train.Trainer({**spec, "key": "fedcba9876543210"}).load(tmp_path / "ckpt.pt")
     # A checkpoint whose draft was built otherwise (here: another RoPE) does not continue as this one.
     state = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=True)
     assert "rope_scaling" not in state["draft_config"]  # the demo target has plain RoPE
     state["draft_config"]["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
     torch.save(state, tmp_path / "other.pt")
-    with pytest.raises(train.TrainError, match=r"draft config .*'rope_scaling'.* is not this run's"):
+    with pytest.raises(TrainError, match=r"draft config .*'rope_scaling'.* is not this run's"):
         restored.load(tmp_path / "other.pt")
 
 
@@ -287,9 +290,9 @@ def test_segment_bounds_refuse_steps_outside_the_run(spec):
     settings = train_settings(total_steps=7, checkpoint_every=3)
     assert train.num_segments(settings) == 3
     assert [train.segment_bounds(settings, n) for n in range(3)] == [(0, 3), (3, 6), (6, 7)]
-    with pytest.raises(train.TrainError, match="outside the run"):
+    with pytest.raises(TrainError, match="outside the run"):
         train.segment_bounds(settings, 3)
-    with pytest.raises(train.TrainError, match="needs the checkpoint"):
+    with pytest.raises(TrainError, match="needs the checkpoint"):
         train.run_segment(spec, 1, None, "x.pt", "x.jsonl")
 
 
@@ -298,7 +301,7 @@ def test_data_parallel_gloo_equals_one_process(spec, tmp_path):
     one = train.run_segment(spec, 0, None, tmp_path / "one.pt", tmp_path / "one.jsonl")
     two_spec = copy.deepcopy(spec)
     two_spec["train"]["gpus"] = 2
-    train.launch(two_spec, 0, None, tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2, threads=2)
+    launch(two_spec, 0, None, tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2, threads=2)
     assert not list(tmp_path.glob(".tmp-*"))  # the job file is gone
     single, parallel = one["records"], read_records(tmp_path / "two.jsonl")
     assert [(r["kind"], r["step"], r["count_pos"], r["tokens"]) for r in parallel] == [
@@ -322,9 +325,7 @@ def test_resume_across_a_change_of_process_count(spec, tmp_path):
     straight = train.run_segment(spec, 1, tmp_path / "ckpt-0.pt", tmp_path / "one.pt", tmp_path / "one.jsonl")
     two_spec = copy.deepcopy(spec)
     two_spec["train"]["gpus"] = 2
-    train.launch(
-        two_spec, 1, tmp_path / "ckpt-0.pt", tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2
-    )
+    launch(two_spec, 1, tmp_path / "ckpt-0.pt", tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2)
     single = [r for r in straight["records"] if r["kind"] == "train"]
     parallel = [r for r in read_records(tmp_path / "two.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in first["records"] if r["kind"] == "train"] == [1, 2, 3]
@@ -339,8 +340,8 @@ def test_resume_across_a_change_of_process_count(spec, tmp_path):
 
 
 def test_nccl_between_gpus_gloo_on_cpu():
-    assert train.process_group_backend("cuda") == "nccl"
-    assert train.process_group_backend("cpu") == "gloo"
+    assert process_group_backend("cuda") == "nccl"
+    assert process_group_backend("cpu") == "gloo"
 
 
 @pytest.mark.slow  # two torch processes more: the gloo equality above is the fast check
@@ -349,13 +350,13 @@ def test_srun_tasks_take_their_ranks_from_slurm(spec, tmp_path):
     SLURM_LOCALID) and the launcher's rendezvous train exactly as torchrun's two ranks."""
     two_spec = copy.deepcopy(spec)
     two_spec["train"]["gpus"] = 2
-    train.launch(two_spec, 0, None, tmp_path / "torchrun.pt", tmp_path / "torchrun.jsonl", world_size=2)
-    job = train.write_rank_job(two_spec, 0, None, tmp_path / "srun.pt", tmp_path / "srun.jsonl")
+    launch(two_spec, 0, None, tmp_path / "torchrun.pt", tmp_path / "torchrun.jsonl", world_size=2)
+    job = write_rank_job(two_spec, 0, None, tmp_path / "srun.pt", tmp_path / "srun.jsonl")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env |= slurm.rendezvous_env() | {"SLURM_NTASKS": "2", "OMP_NUM_THREADS": "1"}
     tasks = [
         subprocess.Popen(
-            [sys.executable, "-m", "draftsmith.train.loop", str(job), "--slurm"],
+            [sys.executable, "-m", "draftsmith.train.launch", str(job), "--slurm"],
             env=env | {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
         )
         for rank in range(2)

@@ -13,6 +13,7 @@ import torch
 from train.test_train import assert_ttt_attention_matches_explicit, hidden, read_records, spec  # noqa: F401 (fixtures)
 
 from draftsmith.train import loop as train
+from draftsmith.train.launch import launch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -41,7 +42,7 @@ def test_ttt_attention_on_the_cuda_kernels(steps, dtype, tol):
 
 def test_torchrun_nccl_on_one_gpu_equals_one_process(gpu_spec, tmp_path):
     one = train.run_segment(gpu_spec, 0, None, tmp_path / "one.pt", tmp_path / "one.jsonl")
-    train.launch(
+    launch(
         gpu_spec, 0, None, tmp_path / "tr.pt", tmp_path / "tr.jsonl", world_size=1, threads=2, torchrun=True
     )
     # Attention's backward uses atomics on the GPU: equal up to summation order.

@@ -1,15 +1,17 @@
 """Stage `evaluate`: lossless chain and tree speculative decoding of held-out prompts with
-the target and the exported draft (`spec_decode`), the trees' config check and the
-recommendation's Markdown (`settings`), and the rule's entry (`stage`).
+the target and the exported draft (`spec_decode`), the prompt sets measured with it
+(`measure`), the recommended SGLang launch (`launch`), benchmark.md (`markdown`), the
+trees' config check and the recommendation's Markdown (`settings`), and the rule's entry
+(`stage`).
 
 Exported for the report: benchmark.json's best setting, and the Markdown of the
 recommendation, of acceptance by prompt length and of the long-context warning (`length`),
 and of acceptance by prompt set with its warning (`sets`).
 
 Exported for the settings search: the launch Markdown (`settings`), and the rule's
-measuring machinery (`stage`: loading the models, decoding prompts with settings checked
-lossless, the launch command). The stage's names import
-torch, so they load on first use: config validation and the report stay torch-free."""
+measuring machinery (`stage`: loading the models; `measure`: decoding prompts with settings
+checked lossless; `launch`: the launch command). They load on first use (`stage` imports
+torch): config validation and the report stay torch-free."""
 
 from typing import Any
 
@@ -17,29 +19,31 @@ from draftsmith.evaluate.length import length_markdown, long_context_markdown
 from draftsmith.evaluate.sets import sets_markdown, sets_warning
 from draftsmith.evaluate.settings import best_result, launch_markdown, recommendation_markdown
 
-_FROM_STAGE = (
-    "DRAFT_DIR",
-    "TARGET_MODEL",
-    "Launch",
-    "Settings",
-    "benchmark_sets",
-    "command_line",
-    "device_name",
-    "load_models",
-    "sglang_launch",
-)
+# Loaded on first use: name -> the module of this package that holds it.
+_LAZY = {
+    "DRAFT_DIR": "launch",
+    "TARGET_MODEL": "launch",
+    "Launch": "launch",
+    "command_line": "launch",
+    "sglang_launch": "launch",
+    "Settings": "measure",
+    "benchmark_sets": "measure",
+    "device_name": "stage",
+    "load_models": "stage",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_STAGE:
-        from draftsmith.evaluate import stage
+    if name in _LAZY:
+        from draftsmith.evaluate import launch, measure, stage
 
-        return getattr(stage, name)
+        modules = {"launch": launch, "measure": measure, "stage": stage}
+        return getattr(modules[_LAZY[name]], name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    *_FROM_STAGE,
+    *_LAZY,
     "best_result",
     "launch_markdown",
     "length_markdown",

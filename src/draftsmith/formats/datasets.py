@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from draftsmith.errors import DatasetError, InputChangedError
-from draftsmith.store.hashing import HashingReader, source_sha256
+from draftsmith.fsutil.digests import HashingReader, source_sha256
 
 log = logging.getLogger(__name__)
 

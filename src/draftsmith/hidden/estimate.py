@@ -23,7 +23,7 @@ def free_bytes(path: Path) -> int:
 
 
 def estimate(assignment: dict, hidden_size: int, dtype: str, extract_cfg: dict, out_root: Path) -> dict:
-    from draftsmith.formats.shards import bytes_per_token
+    from draftsmith.formats.shards.codec import bytes_per_token
 
     tokens = assignment["extract_tokens"]
     storage = {mode: round(tokens * bytes_per_token(hidden_size, dtype, mode)) for mode in MODES}

@@ -86,7 +86,8 @@ def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file
     Written under `.staged/` and linked into place (`store.staging`): after a kill only
     unfinished shards are computed again."""
     # torch loads here, not in the assign and estimate jobs that share this module.
-    from draftsmith.formats.shards import ShardWriter, bytes_per_token
+    from draftsmith.formats.shards.codec import bytes_per_token
+    from draftsmith.formats.shards.writer import ShardWriter
     from draftsmith.hidden.hf import AuxCapture, MergedSample, extract
 
     extract_cfg = config["extract"]
@@ -182,12 +183,13 @@ def _extract_sglang(config, info, aux, samples, writer, on_written, log_file) ->
 
     from draftsmith.hidden import sglang as capture
     from draftsmith.hidden.hf import batches
+    from draftsmith.hidden.sglang_launch import CaptureMode
     from draftsmith.target.dtypes import torch_dtype
 
     extract_cfg = config["extract"]
     grouped = list(batches(samples, extract_cfg["batch_tokens"]))
     passes: dict[str, list] = {}
-    for mode in (capture.CaptureMode.AUX, capture.CaptureMode.FINAL):
+    for mode in (CaptureMode.AUX, CaptureMode.FINAL):
         server_log = Path(log_file or writer.directory / "extract").with_suffix(f".sglang-{mode}.log")
         with capture.SGLangCapture(
             info["hf_dir"], extract_cfg["sglang"], aux, mode=mode, log_path=server_log
@@ -195,7 +197,7 @@ def _extract_sglang(config, info, aux, samples, writer, on_written, log_file) ->
             passes[mode] = [a for batch in grouped for a in server.capture([s.input_ids for s in batch])]
     ordered = [s for batch in grouped for s in batch]
     dtype = torch_dtype(extract_cfg["dtype"] or config["model"]["dtype"])
-    paired = capture.pair_passes(passes[capture.CaptureMode.AUX], passes[capture.CaptureMode.FINAL])
+    paired = capture.pair_passes(passes[CaptureMode.AUX], passes[CaptureMode.FINAL])
     for sample, (aux_states, final) in zip(ordered, paired, strict=True):
         writer.add(
             sample.id,

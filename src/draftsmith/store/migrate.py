@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.formats import shards
+from draftsmith.formats.shards.layout import SHARD_SUFFIXES, manifest_text
+from draftsmith.formats.shards.reader import ShardReader
 from draftsmith.store import answers, atomic, manifest
 from draftsmith.store.gc import artifact_dirs, dataset_dirs, key_dirs
 from draftsmith.store.hashing import sample_address
@@ -38,7 +39,6 @@ from draftsmith.store.plan import (
     FILES,
     JOURNAL,
     MANIFEST,
-    SHARD_SUFFIXES,
     answer_store,
     shard_name,
     shard_path,
@@ -134,7 +134,7 @@ def _link_states(hidden: Path, dry_run: bool) -> Iterator[Step]:
 
 def _link_shard(hidden: Path, old_name: str, store: Path, dry_run: bool) -> Step | None:
     """Link one old shard into `store`; None when it is there already (its index is written last)."""
-    reader = shards.ShardReader(hidden, old_name)
+    reader = ShardReader(hidden, old_name)
     rows = [(sample_address(s.input_ids.numpy(), s.loss_mask.numpy()), s) for s in reader]
     name = shard_name([address for address, _ in rows])
     target = shard_path(store, name)
@@ -159,7 +159,7 @@ def _link_shard(hidden: Path, old_name: str, store: Path, dry_run: bool) -> Step
         index["samples"] = [
             [address, *row[1:]] for (address, _), row in zip(rows, index["samples"], strict=True)
         ]
-        atomic.write_text(target, shards.manifest_text(index))  # the index last: the shard is whole
+        atomic.write_text(target, manifest_text(index))  # the index last: the shard is whole
     return Step("link", hidden / old_name, f"-> {target}")
 
 

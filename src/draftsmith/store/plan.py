@@ -19,7 +19,9 @@ from pathlib import Path
 
 from draftsmith import config as cfg
 from draftsmith.errors import DraftsmithError, InputChangedError
-from draftsmith.store.hashing import HashCache, sha256_bytes
+from draftsmith.formats.shards.layout import SHARD_SUFFIXES
+from draftsmith.fsutil.digests import sha256_bytes
+from draftsmith.store.hashing import HashCache
 from draftsmith.store.keys import STAGES, answers_key, is_key, stage_key
 
 MANIFEST = "manifest.json"
@@ -54,7 +56,6 @@ FILES: dict[str, dict[str, str]] = {
     "search": {"json": "search.json", "md": "search.md"},
     "serve_bench": {"json": "serve_benchmark.json", "md": "serve_benchmark.md"},
 }
-SHARD_SUFFIXES = {"bin": ".bin", "index": ".json"}  # one hidden-state shard's two files
 # In a states store (`hidden/<states key>/`), each shard's samples (address, input_ids,
 # loss_mask), written when the shard is assigned and read by the job that extracts it.
 SHARD_SAMPLES = "samples"

@@ -36,10 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.formats import shards
+from draftsmith.formats.shards.layout import ShardError
+from draftsmith.formats.shards.reader import ShardReader
+from draftsmith.fsutil.digests import sha256_file
 from draftsmith.store import answers, atomic, gc, manifest
 from draftsmith.store.atomic import TMP_PREFIX
-from draftsmith.store.hashing import sample_address, sha256_file
+from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import (
     MANIFEST,
     SHARD_SAMPLES,
@@ -97,8 +99,8 @@ def check(path: Path) -> list[str]:
     if not _is_shard(path):
         return manifest.check(path)
     try:
-        return shards.ShardReader(path.parent, path.stem).verify()
-    except shards.ShardError as exc:
+        return ShardReader(path.parent, path.stem).verify()
+    except ShardError as exc:
         return [f"{path}: {exc}"]
 
 
@@ -158,7 +160,7 @@ def rewrite_samples(path: Path) -> bool:
     store = path.parent.parent
     if not shard_path(store, path.stem).exists():
         return False
-    reader = shards.ShardReader(store, path.stem)
+    reader = ShardReader(store, path.stem)
     rows = (
         {"address": s.id, "input_ids": s.input_ids.tolist(), "loss_mask": s.loss_mask.tolist()}
         for s in (reader[i] for i in range(len(reader)))

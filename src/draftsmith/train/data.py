@@ -29,7 +29,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.formats.merged import held_out_ids
-from draftsmith.formats.shards import Sample, ShardReader
+from draftsmith.formats.shards.reader import Sample, ShardReader
 from draftsmith.store.hashing import sample_address
 
 # Samples sorted by length together before packing: large enough that padding is

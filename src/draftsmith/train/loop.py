@@ -4,15 +4,10 @@ A run is split into segments of `checkpoint_every` steps (the last may be shorte
 `run_segment` trains one, starting fresh from the seed (segment 0) or from the
 previous segment's checkpoint, validates on the held-out slice, and writes
 
-- the checkpoint: draft weights (without the frozen embedding), AdamW state, LR
-  scheduler, step, data position (epoch, a digest of that epoch's sample order, offset into
-  its micro-batch plan), totals, and every RNG state (python, numpy, torch,
-  cuda), written atomically;
+- the checkpoint: the whole training state, written atomically (`train.state`:
+  continuing from it gives bitwise the same steps as never having stopped);
 - the metrics: one JSON line per step (loss and accuracy per TTT position, lr,
   grad norm, tokens/s) and one validation line.
-
-Continuing from a checkpoint gives bitwise the same steps as never having stopped
-(on CPU, same thread count): nothing the loop reads is left out of the state.
 
 Targets: the embedding (frozen) and the lm_head (the embedding when
 `tie_word_embeddings`) are read from the target's safetensors, never the whole
@@ -26,8 +21,8 @@ count over the whole global batch, so the result does not depend on how the
 micro-batches are spread over processes: a first pass counts valid positions
 (all-reduced), the second runs forward and backward.
 
-Data parallel: with world size W (`train.gpus`; torchrun, or srun tasks inside a
-Slurm allocation; NCCL on GPU, gloo on CPU) rank r takes micro-batches r, r+W, ...
+Data parallel: with world size W (`train.gpus`; the processes and their group are
+`train.launch`'s and `train.process_group`'s) rank r takes micro-batches r, r+W, ...
 of each step; gradients are summed with all_reduce; every rank then takes the same
 clipped AdamW step. Rank 0 writes checkpoints and metrics. The result equals one
 process with the same global batch up to float summation order.
@@ -35,21 +30,13 @@ process with the same global batch up to float summation order.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import logging
 import math
-import os
-import random
-import shlex
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from draftsmith.draft.model import (
@@ -60,56 +47,15 @@ from draftsmith.draft.model import (
     ttt_sums,
     valid_positions,
 )
-from draftsmith.errors import DraftsmithError
-from draftsmith.runtime import jobs, slurm
+from draftsmith.runtime import jobs
 from draftsmith.store import atomic
 from draftsmith.target.dtypes import torch_dtype
 from draftsmith.target.load import load_target
 from draftsmith.train.data import Batch, Position, TrainData
+from draftsmith.train.process_group import Dist
+from draftsmith.train.state import TrainError, TrainState, seed_everything
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_FORMAT = 2
-_EMBED = "embed_tokens.weight"
-
-
-class TrainError(DraftsmithError):
-    pass
-
-
-# --- processes ---------------------------------------------------------------------
-@dataclass
-class Dist:
-    """This process's place in a data-parallel group (world 1: no group)."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_env(cls) -> Dist:
-        return cls(
-            int(os.environ.get("RANK", 0)),
-            int(os.environ.get("WORLD_SIZE", 1)),
-            int(os.environ.get("LOCAL_RANK", 0)),
-        )
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(tensor)
-        return tensor
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.broadcast(tensor, 0)
 
 
 class WarmupCosine:
@@ -125,34 +71,6 @@ class WarmupCosine:
         span = max(self.total - self.warmup, 1)
         progress = min((step - self.warmup) / span, 1.0)
         return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-# --- RNG state ---------------------------------------------------------------------
-def rng_state() -> dict:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-        # Only where CUDA is in use: asking would start it in a CPU job on a GPU host.
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 # --- the loop ----------------------------------------------------------------------
@@ -172,7 +90,7 @@ def figures(values: torch.Tensor, steps: int) -> dict:
     }
 
 
-class Trainer:
+class Trainer(TrainState):
     """Draft, optimiser, scheduler and data for one training process."""
 
     def __init__(self, spec: dict, dist: Dist | None = None) -> None:
@@ -237,57 +155,6 @@ class Trainer:
         self._upcoming: tuple[Position, Future] | None = None
         # Synchronise the device between phases to time them (benchmarks; costs a little).
         self.profile = False
-
-    # -- state
-    def state_dict(self, segment: int) -> dict:
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "key": self.spec["key"],
-            "segment": segment,
-            "step": self.step,
-            "model": {k: v.detach().cpu() for k, v in self.draft.state_dict().items() if k != _EMBED},
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "data": {**self.position.as_dict(), "order": self.data.order_digest(self.position.epoch)},
-            "totals": dict(self.totals),
-            "rng": rng_state(),
-            "draft_config": self.config.as_dict(),
-            "train": dict(self.train),
-        }
-
-    def save(self, path: str | Path, segment: int) -> None:
-        state = self.state_dict(segment)
-        with atomic.atomic_open(path, "wb") as handle:
-            torch.save(state, handle)
-
-    def load(self, path: str | Path) -> dict:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise TrainError(f"{path}: checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
-        if state["key"] != self.spec["key"]:
-            raise TrainError(f"{path}: checkpoint of draft {state['key']}, this run is {self.spec['key']}")
-        # A checkpoint from code that built the draft otherwise (say, plain RoPE for a target
-        # with scaled RoPE) must not continue as this draft.
-        if state["draft_config"] != self.config.as_dict():
-            raise TrainError(
-                f"{path}: the checkpoint's draft config {state['draft_config']} is not this run's "
-                f"{self.config.as_dict()}; train from segment 0"
-            )
-        missing, unexpected = self.draft.load_state_dict(state["model"], strict=False)
-        if missing != [_EMBED] or unexpected:
-            raise TrainError(
-                f"{path}: weights do not fit the draft (missing {missing}, unexpected {unexpected})"
-            )
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        data = state["data"]
-        self.position = Position(data["epoch"], data["offset"])
-        if self.data.order_digest(self.position.epoch) != data["order"]:
-            raise TrainError(f"{path}: the data's sample order differs from the checkpoint's")
-        self.step = state["step"]
-        self.totals = dict(state["totals"])
-        set_rng_state(state["rng"])
-        return state
 
     # -- steps
     def _autocast(self):
@@ -525,110 +392,3 @@ def run_segment(
         atomic.write_jsonl(metrics, records)
         trainer.save(checkpoint, segment)
     return {"step": trainer.step, "records": records, "totals": dict(trainer.totals)}
-
-
-# --- processes: in this one, a torchrun group, or srun tasks ------------------------
-def write_rank_job(
-    spec: dict, segment: int, previous: str | Path | None, checkpoint: str | Path, metrics: str | Path
-) -> Path:
-    """The file each rank of a group reads its segment from (a temp beside the checkpoint,
-    which the launcher removes)."""
-    job = {
-        "spec": spec,
-        "segment": segment,
-        "previous": str(previous) if previous else None,
-        "checkpoint": str(checkpoint),
-        "metrics": str(metrics),
-    }
-    job_file = Path(checkpoint).parent / atomic.temp_name(f"segment-{segment:05d}.json")
-    atomic.write_json(job_file, job)
-    return job_file
-
-
-def launch(
-    spec: dict,
-    segment: int,
-    previous: str | Path | None,
-    checkpoint: str | Path,
-    metrics: str | Path,
-    *,
-    world_size: int,
-    threads: int = 1,
-    torchrun: bool | None = None,
-) -> None:
-    """Run one segment in this process (world size 1) or in a group of `world_size`
-    processes: srun tasks inside a Slurm allocation (`runtime.slurm`), else torchrun
-    (`torchrun` True forces a torchrun group of one, as on a node with one GPU)."""
-    if not (world_size > 1 if torchrun is None else torchrun):
-        run_segment(spec, segment, previous, checkpoint, metrics)
-        return
-    from draftsmith.runtime.process import run_guarded
-
-    job_file = write_rank_job(spec, segment, previous, checkpoint, metrics)
-    rank_threads = max(1, threads // world_size)
-    env = {"OMP_NUM_THREADS": str(rank_threads), "PYTHONUNBUFFERED": "1"}
-    rank = [sys.executable, "-m", "draftsmith.train.loop", str(job_file)]
-    launcher = "srun" if slurm.in_allocation() and torchrun is None else "torchrun"
-    if launcher == "srun":
-        cuda = spec["train"]["device"] == "cuda"
-        cmd = slurm.srun_command(world_size, rank_threads, int(cuda), [*rank, "--slurm"])
-        env |= slurm.rendezvous_env()
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            str(world_size),
-            *rank[1:],
-        ]
-    try:
-        code = run_guarded(cmd, env=env, name=f"{launcher} segment {segment}")
-    finally:
-        job_file.unlink(missing_ok=True)
-    if code != 0:
-        raise TrainError(f"{launcher} for segment {segment} exited with code {code}: {shlex.join(cmd)}")
-
-
-def process_group_backend(device: str) -> str:
-    """NCCL between GPUs (gloo would copy every all-reduce through host memory), gloo on CPU."""
-    return "nccl" if device == "cuda" else "gloo"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of one rank: `python -m draftsmith.train.loop JOB.json [--slurm]` (a
-    torchrun process, or with `--slurm` an srun task)."""
-    parser = argparse.ArgumentParser(prog="python -m draftsmith.train.loop")
-    parser.add_argument("job", type=Path)
-    parser.add_argument("--slurm", action="store_true", help="take the rank from srun's task variables")
-    args = parser.parse_args(argv)
-    job = json.loads(args.job.read_text())
-    if args.slurm:
-        os.environ.update(slurm.rank_env(dict(os.environ)))
-    dist_env = Dist.from_env()
-    logging.basicConfig(
-        level=logging.INFO if dist_env.main else logging.WARNING,
-        format=f"%(asctime)s %(levelname)s rank{dist_env.rank} %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    jobs.set_parent_death_signal()
-    import torch.distributed as dist
-
-    device = job["spec"]["train"]["device"]
-    if device == "cuda":
-        # torchrun shows a rank every GPU; srun with --gpus-per-task shows it its own.
-        torch.cuda.set_device(dist_env.local_rank % torch.cuda.device_count())
-    dist.init_process_group(process_group_backend(device))
-    try:
-        run_segment(job["spec"], job["segment"], job["previous"], job["checkpoint"], job["metrics"], dist_env)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

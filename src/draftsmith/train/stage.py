@@ -12,14 +12,15 @@ import torch
 from safetensors.torch import save as save_tensors
 
 from draftsmith.draft.model import STEP_DECAY
+from draftsmith.fsutil.digests import sha256_file
 from draftsmith.runtime import gpus
 from draftsmith.runtime.resources import train_gpus
 from draftsmith.store import atomic, manifest
-from draftsmith.store.hashing import sha256_file
 from draftsmith.store.plan import Plan, plan_for
 from draftsmith.store.staging import Staged
 from draftsmith.target.load import model_info
-from draftsmith.train import loop
+from draftsmith.train.launch import launch
+from draftsmith.train.state import TrainError
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def train_segment(
     staged.start()
     job_spec = spec(config, plan, model_info(inputs["model"]), inputs["vocab"])
     with gpus.acquire_gpus(train_gpus(config)):
-        loop.launch(
+        launch(
             job_spec,
             segment,
             previous,
@@ -76,7 +77,7 @@ def train(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
     artifact = plan_for(config).train
     state = torch.load(inputs["checkpoint"], map_location="cpu", weights_only=True)
     if state["key"] != artifact.key or state["step"] != config["train"]["total_steps"]:
-        raise loop.TrainError(
+        raise TrainError(
             f"{inputs['checkpoint']}: draft {state['key']} at step {state['step']}, expected "
             f"{artifact.key} at step {config['train']['total_steps']}"
         )

@@ -1,0 +1,63 @@
+"""The recommended SGLang launch: each measured setting's speculative flags and example
+`sglang.launch_server` command line (the serving benchmark's builder, with placeholders
+for the target and the draft), and benchmark.json's `recommended` setting."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from statistics import fmean
+
+from draftsmith.evaluate.measure import section_key
+from draftsmith.runtime.sglang import speculative_flags
+from draftsmith.serve_bench import EAGLE3, check_launch, launch_command
+from draftsmith.speculation import Speculation
+
+# The recommended command's placeholders and the port it shows when serve_benchmark sets none.
+TARGET_MODEL, DRAFT_DIR = "TARGET_MODEL", "DRAFT_DIR"
+EXAMPLE_PORT = 30000  # SGLang's default
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A setting's SGLang flags, its example launch command, and whether SGLang's parser read it."""
+
+    flags: list[str]
+    command: list[str]
+    checked_by_sglang: bool
+
+
+def sglang_launch(config: dict, setting: Speculation) -> Launch:
+    """The serving benchmark's builder and launch settings, with the draft at `setting` and
+    placeholders for the target and the draft."""
+    bench = config["serve_benchmark"]
+    served = speculative_flags(setting, EAGLE3, f"${DRAFT_DIR}")
+    cmd = launch_command(f"${TARGET_MODEL}", bench, bench["sglang"]["port"] or EXAMPLE_PORT, served)
+    return Launch(speculative_flags(setting, EAGLE3), cmd, check_launch(cmd, served))
+
+
+def command_line(cmd: list[str]) -> str:
+    """`cmd` for a POSIX shell, the placeholders left to expand."""
+    placeholders = {f"${TARGET_MODEL}", f"${DRAFT_DIR}"}
+    return " ".join(f'"{arg}"' if arg in placeholders else shlex.quote(arg) for arg in cmd)
+
+
+def recommend(prompt_sets: dict, launches: dict[Speculation, Launch], placeholders: dict[str, str]) -> dict:
+    """benchmark.json's `recommended`: of the settings in `launches`, the one with the highest
+    mean of the per-prompt-set speed-ups (the first of equals)."""
+
+    def mean_speedup(setting: Speculation) -> float:
+        section, key = section_key(setting)
+        return fmean(result[section][key]["speedup"] for result in prompt_sets.values())
+
+    best = max(launches, key=mean_speedup)
+    launch = launches[best]
+    return {
+        "setting": best.label,
+        **best.as_json(),
+        "mean_speedup": mean_speedup(best),
+        "flags": launch.flags,
+        "command": command_line(launch.command),
+        "placeholders": placeholders,
+        "checked_by_sglang": launch.checked_by_sglang,
+    }
