@@ -14,8 +14,8 @@ from types import ModuleType
 import pytest
 import yaml
 
+from draftsmith.fsutil.digests import sha256_file
 from draftsmith.store import manifest, verify
-from draftsmith.store.hashing import sha256_file
 
 # Under pytest-xdist each of the workers (and the jobs its tests start) gets one torch thread:
 # two workers each running two threads on two cores spend their time waiting at barriers.
