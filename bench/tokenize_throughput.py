@@ -14,7 +14,7 @@ import argparse
 import os
 import time
 
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 from draftsmith.target import load as target
 from draftsmith.tokens.chat import ChatTokenizer, tokenize_records
 

@@ -154,7 +154,7 @@ def write_rows(path: Path, prompts: list[str]) -> Path:
 def write_training(tmp: Path, questions: dict[str, str]) -> tuple[Path, Path]:
     """A merged train.jsonl (ids only matter) and the responses.jsonl holding the prompts."""
     from draftsmith.formats.responses import Usage, response_record
-    from draftsmith.store import atomic
+    from draftsmith.fsutil import atomic
 
     responses = [
         response_record(

@@ -20,7 +20,8 @@ from pathlib import Path
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
 from draftsmith.formats.markdown import human_size
-from draftsmith.store import atomic, gc, migrate, verify
+from draftsmith.fsutil import atomic
+from draftsmith.store import gc, migrate, verify
 from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan, forget_source_hashes
 from draftsmith.workflow import configure
 

@@ -280,7 +280,7 @@ def test_a_dataset_edited_after_planning_is_refused_and_nothing_is_written(tmp_p
     by the old content: the responses job refuses (naming the change), nothing lands under
     the old key or the new one, and with the old content back the run builds it exactly."""
     from draftsmith import config as cfg
-    from draftsmith.store import atomic
+    from draftsmith.fsutil import atomic
     from draftsmith.store.plan import plan_for
 
     work = tmp_path / "work"

@@ -40,9 +40,9 @@ from draftsmith.formats.prompt_sets import (
     prompt_hash,
     training_prompts,
 )
+from draftsmith.fsutil import atomic
 from draftsmith.model.stage import describe
 from draftsmith.speculation import Speculation
-from draftsmith.store import atomic
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import plan_for
 from draftsmith.target import load as target

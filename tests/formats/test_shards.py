@@ -14,7 +14,7 @@ from draftsmith.formats.shards.codec import ZSTD_EXPECTED_RATIO, bytes_per_token
 from draftsmith.formats.shards.layout import MODES, SHARD_FORMAT_VERSION, ShardError
 from draftsmith.formats.shards.reader import ShardReader
 from draftsmith.formats.shards.writer import ShardWriter
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 
 H = 32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

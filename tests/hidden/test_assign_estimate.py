@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from draftsmith.fsutil import atomic
 from draftsmith.hidden import assign, estimate
 from draftsmith.hidden.hf import MergedSample, batches
-from draftsmith.store import atomic
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import shard_name
 

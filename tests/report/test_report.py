@@ -25,13 +25,13 @@ from draftsmith import config as cfg
 from draftsmith.evaluate.length import long_context
 from draftsmith.evaluate.sets import by_set
 from draftsmith.formats.markdown import to_html
+from draftsmith.fsutil import atomic
 from draftsmith.hidden import estimate
 from draftsmith.merged import data_report as report
 from draftsmith.report import plots
 from draftsmith.report.stage import report as build_report
 from draftsmith.report.summary import benchmark_markdown
 from draftsmith.report.workflow import report_command
-from draftsmith.store import atomic
 from draftsmith.store.plan import plan_for
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

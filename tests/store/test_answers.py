@@ -15,7 +15,8 @@ from conftest import stand_in_config
 
 from draftsmith import cli
 from draftsmith.formats.responses import Usage, response_record
-from draftsmith.store import answers, atomic, gc, manifest, verify
+from draftsmith.fsutil import atomic
+from draftsmith.store import answers, gc, manifest, verify
 from draftsmith.store.keys import answers_key
 from draftsmith.store.plan import ANSWERS, ANSWERS_FILE, Plan
 from draftsmith.workflow import configure

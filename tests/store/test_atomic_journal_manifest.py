@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.store import atomic, manifest, verify
+from draftsmith.fsutil import atomic
+from draftsmith.store import manifest, verify
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import MANIFEST, Artifact
 

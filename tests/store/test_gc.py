@@ -21,8 +21,9 @@ from conftest import stand_in_config
 
 from draftsmith import cli
 from draftsmith.formats.shards.writer import ShardWriter
-from draftsmith.store import atomic, gc, lock, manifest, verify
-from draftsmith.store.atomic import TMP_PREFIX
+from draftsmith.fsutil import atomic
+from draftsmith.fsutil.atomic import TMP_PREFIX
+from draftsmith.store import gc, lock, manifest, verify
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import (
     HASH_CACHE,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.store import atomic, lock, manifest
+from draftsmith.fsutil import atomic
+from draftsmith.store import lock, manifest
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import MANIFEST, Artifact
 

@@ -14,7 +14,8 @@ from conftest import stand_in_config
 
 from draftsmith import cli
 from draftsmith.formats.responses import Usage, response_record
-from draftsmith.store import answers, atomic, manifest, migrate
+from draftsmith.fsutil import atomic
+from draftsmith.store import answers, manifest, migrate
 from draftsmith.store.hashing import derive_key, sample_address
 from draftsmith.store.keys import STAGE_VERSIONS
 from draftsmith.store.plan import FILES, JOURNAL, MANIFEST, Artifact, Plan, shard_name
@@ -217,8 +218,8 @@ def write_per_mix_states(plan: Plan, samples: list[dict]) -> Path:
 
 def test_per_mix_shards_are_linked_into_the_states_store_with_no_forward_pass(plan, tmp_path):
     from draftsmith.formats.shards.reader import ShardReader
+    from draftsmith.fsutil import atomic
     from draftsmith.hidden import assign
-    from draftsmith.store import atomic
 
     samples = [
         {

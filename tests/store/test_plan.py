@@ -586,7 +586,8 @@ def test_a_stage_rename_changes_no_key(base, plan_of):
 
 def test_manifest_params_are_the_keys_params(base, plan_of, tmp_path):
     """A manifest records exactly what its key hashed: it is written from the Artifact."""
-    from draftsmith.store import atomic, manifest
+    from draftsmith.fsutil import atomic
+    from draftsmith.store import manifest
 
     plan = plan_of(base)
     artifact = plan.tokens["chat"]

@@ -134,19 +134,11 @@ def test_infrastructure_imports_no_stage():
     assert imports_where(INFRASTRUCTURE, lambda _name, dep: top(dep) in STAGE_PACKAGES) == []
 
 
-# store.atomic still sits in the store: it moves to fsutil once tests/conftest.py and the
-# stages' modules being edited now can import it from there.
-FORMATS_STORE_PENDING = {"draftsmith.store.atomic"}
-
-
 def test_formats_imports_no_store():
     """The file formats sit below the artifact store (its plan, verify, gc and migrate read
     them): what both need lives below both, in fsutil."""
 
-    def store(_name: str, dep: str) -> bool:
-        return top(dep) == "store" and dep not in FORMATS_STORE_PENDING
-
-    assert imports_where({"formats"}, store) == []
+    assert imports_where({"formats"}, lambda _name, dep: top(dep) == "store") == []
 
 
 def test_promptgen_uses_only_infrastructure():

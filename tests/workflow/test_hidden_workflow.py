@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import planned_jobs, snakemake, snakemake_cmd, workflow_config, write_rows
 
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 from draftsmith.workflow import configure
 
 pytestmark = pytest.mark.slow

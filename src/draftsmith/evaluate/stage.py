@@ -67,10 +67,11 @@ from draftsmith.evaluate.measure import EvaluationError, Settings, benchmark_set
 from draftsmith.evaluate.sets import by_set
 from draftsmith.export import AUX_LAYER_CONVENTION, SGLANG, load_sglang_export
 from draftsmith.formats.prompt_sets import check_overlap, load_prompt_set, training_prompts
+from draftsmith.fsutil import atomic
 from draftsmith.runtime import gpus
 from draftsmith.runtime.resources import evaluate_gpus
 from draftsmith.speculation import Speculation
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.journal import Journal
 from draftsmith.store.plan import EXPORT_FILES, JOURNAL, plan_for
 from draftsmith.target import load as target

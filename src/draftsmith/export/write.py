@@ -33,8 +33,8 @@ from draftsmith.export.names import (
     aux_layer_ids,
 )
 from draftsmith.export.validate import _cast, _rope_parameters, validate_sglang, validate_vllm
+from draftsmith.fsutil.atomic import atomic_dir
 from draftsmith.fsutil.digests import sha256_file
-from draftsmith.store.atomic import atomic_dir
 from draftsmith.target.dtypes import DTYPES
 from draftsmith.target.layers import AuxLayers
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.formats import datasets
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 
 MAX_LISTED = 10
 

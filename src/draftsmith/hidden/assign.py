@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from draftsmith.store import atomic, lock
+from draftsmith.fsutil import atomic
+from draftsmith.store import lock
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import SHARD_SAMPLES, shard_name, shard_samples_path, stored_samples
 

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftsmith.errors import DataError
+from draftsmith.fsutil import atomic
 from draftsmith.hidden import assign, estimate
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import progress
 from draftsmith.runtime.resources import hidden_gpus
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import plan_for, shard_name
 from draftsmith.store.staging import Staged

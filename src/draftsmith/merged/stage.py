@@ -6,9 +6,10 @@ import logging
 import time
 from pathlib import Path
 
+from draftsmith.fsutil import atomic
 from draftsmith.merged import data_report
 from draftsmith.merged.merge import merge
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.plan import MANIFEST, plan_for
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ import zipfile
 from pathlib import Path
 
 from draftsmith.errors import ModelError
+from draftsmith.fsutil.atomic import atomic_dir
 from draftsmith.fsutil.digests import sha256_file
-from draftsmith.store.atomic import atomic_dir
 from draftsmith.target.dtypes import torch_dtype
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from draftsmith.errors import ModelError
+from draftsmith.fsutil import atomic
 from draftsmith.model.source import convert_gguf, fetch_gguf
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target import special_tokens
 from draftsmith.target.load import load_model, load_tokenizer

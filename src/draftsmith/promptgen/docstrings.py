@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 
 # What a prompt asks of the documented object; picked per object by a hash of its name.
 TEMPLATES = (

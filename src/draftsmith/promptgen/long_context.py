@@ -33,6 +33,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from draftsmith.formats.prompt_sets import buckets, render
+from draftsmith.fsutil import atomic
 from draftsmith.promptgen.docstrings import (
     HELDOUT_SHARE,
     PromptSourceError,
@@ -42,7 +43,6 @@ from draftsmith.promptgen.docstrings import (
     normalised,
     source_roots,
 )
-from draftsmith.store import atomic
 
 TASKS = {
     "continue": "Continue this Python code from `{module}` ({package} {version}) where it stops:",

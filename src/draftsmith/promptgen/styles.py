@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.fsutil import atomic
 from draftsmith.promptgen.docstrings import (
     PromptSourceError,
     documented_nodes,
@@ -58,7 +59,6 @@ from draftsmith.promptgen.docstrings import (
     normalised,
     source_roots,
 )
-from draftsmith.store import atomic
 
 STYLES = ("code", "math", "chat", "prose")
 # A larger share than the module split's: chat and prose have a few hundred split keys,

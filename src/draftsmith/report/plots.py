@@ -14,8 +14,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
+from draftsmith.fsutil import atomic
 from draftsmith.report.summary import by_k
-from draftsmith.store import atomic
 
 DPI = 110
 PANEL_SIZE = (4.8, 3.6)  # inches per subplot

@@ -7,11 +7,11 @@ import logging
 from pathlib import Path
 
 from draftsmith.formats.markdown import to_html
+from draftsmith.fsutil import atomic
 from draftsmith.report import plots
 from draftsmith.report.summary import benchmark_markdown
 from draftsmith.runtime.jobs import optional_input
 from draftsmith.search import search_markdown
-from draftsmith.store import atomic
 
 log = logging.getLogger(__name__)
 

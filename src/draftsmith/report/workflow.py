@@ -16,7 +16,7 @@ from pathlib import Path
 from snakemake.io import report
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 
 
 class ReportError(DraftsmithError):

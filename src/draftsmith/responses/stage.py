@@ -22,11 +22,12 @@ from draftsmith import config as cfg
 from draftsmith.errors import GenerationError
 from draftsmith.formats.datasets import LoadedDataset, Prompt, load_prompts
 from draftsmith.formats.responses import Usage, cost_usd, record_usage
+from draftsmith.fsutil import atomic
 from draftsmith.responses import turns
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import TokenRate, progress
 from draftsmith.runtime.resources import responses_gpus
-from draftsmith.store import answers, atomic, manifest
+from draftsmith.store import answers, manifest
 from draftsmith.store.plan import Artifact, plan_for
 from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info, prompt_ids
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from draftsmith.store import atomic, lock
+from draftsmith.fsutil import atomic
+from draftsmith.store import lock
 from draftsmith.store.plan import check_planned, plan_for
 
 log = logging.getLogger(__name__)

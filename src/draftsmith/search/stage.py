@@ -55,13 +55,14 @@ from draftsmith.evaluate import (
     sglang_launch,
 )
 from draftsmith.formats.prompt_sets import EvalPrompt, check_overlap, load_prompt_set, training_prompts
+from draftsmith.fsutil import atomic
 from draftsmith.runtime import gpus
 from draftsmith.runtime.resources import evaluate_gpus
 from draftsmith.search.grid import Grid, build_grid, check_config
 from draftsmith.search.halving import Round, best, ranking, schedule, successive_halving
 from draftsmith.search.summary import search_markdown
 from draftsmith.speculation import BASELINE, Speculation
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.plan import SEARCH_GRID, plan_for
 from draftsmith.target import load as target
 

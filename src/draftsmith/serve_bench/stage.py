@@ -31,6 +31,7 @@ import httpx
 
 from draftsmith.config import served_search_settings
 from draftsmith.formats.prompt_sets import training_prompts
+from draftsmith.fsutil import atomic
 from draftsmith.runtime.gpus import acquire_gpus
 from draftsmith.runtime.jobs import optional_input
 from draftsmith.runtime.process import ManagedServer, free_port, redact
@@ -50,7 +51,7 @@ from draftsmith.serve_bench.command import (
     serving_context,
 )
 from draftsmith.speculation import BASELINE, Speculation
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target.load import model_info, read_target_config
 

@@ -1,2 +1,2 @@
 """The content-addressed store: stage keys (`keys`), the artifact plan (`plan`), hashing,
-atomic writes, manifests, journals, staged outputs, verification, migration, gc."""
+manifests, journals, staged outputs, verification, migration, gc."""

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.fsutil import atomic
 from draftsmith.fsutil.digests import canonical_json, sha256_bytes
-from draftsmith.store import atomic, lock
+from draftsmith.store import lock
 from draftsmith.store.journal import Journal
 from draftsmith.store.keys import is_key
 from draftsmith.store.plan import ANSWERS, ANSWERS_FILE

@@ -40,8 +40,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.store import answers, atomic, lock
-from draftsmith.store.atomic import TMP_PREFIX, fsync_dir, temp_name
+from draftsmith.fsutil import atomic
+from draftsmith.fsutil.atomic import TMP_PREFIX, fsync_dir, temp_name
+from draftsmith.store import answers, lock
 from draftsmith.store.keys import STAGES, is_key
 from draftsmith.store.plan import (
     LOCKS,

@@ -74,7 +74,7 @@ class HashCache:
     def save(self) -> None:
         if not self._dirty:
             return
-        from draftsmith.store.atomic import write_json
+        from draftsmith.fsutil.atomic import write_json
 
         try:
             write_json(self.cache_file, self._entries)

@@ -32,7 +32,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from draftsmith.store import atomic, manifest
+from draftsmith.fsutil import atomic
+from draftsmith.store import manifest
 from draftsmith.store.plan import LOCKS, MANIFEST, STAGED, key_directory
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftsmith.fsutil import atomic
 from draftsmith.fsutil.digests import sha256_file
-from draftsmith.store import atomic
 from draftsmith.store.plan import Artifact
 
 _LIBRARIES = (

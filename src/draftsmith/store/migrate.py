@@ -30,7 +30,8 @@ from pathlib import Path
 
 from draftsmith.formats.shards.layout import SHARD_SUFFIXES, manifest_text
 from draftsmith.formats.shards.reader import ShardReader
-from draftsmith.store import answers, atomic, manifest
+from draftsmith.fsutil import atomic
+from draftsmith.store import answers, manifest
 from draftsmith.store.gc import artifact_dirs, dataset_dirs, key_dirs
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.journal import complete_records

@@ -15,8 +15,8 @@ import logging
 import os
 from pathlib import Path
 
+from draftsmith.fsutil import atomic
 from draftsmith.fsutil.digests import sha256_file
-from draftsmith.store import atomic
 from draftsmith.store.plan import STAGED
 
 log = logging.getLogger(__name__)

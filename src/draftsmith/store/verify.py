@@ -38,9 +38,10 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.formats.shards.layout import ShardError
 from draftsmith.formats.shards.reader import ShardReader
+from draftsmith.fsutil import atomic
+from draftsmith.fsutil.atomic import TMP_PREFIX
 from draftsmith.fsutil.digests import sha256_file
-from draftsmith.store import answers, atomic, gc, manifest
-from draftsmith.store.atomic import TMP_PREFIX
+from draftsmith.store import answers, gc, manifest
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.plan import (
     MANIFEST,

@@ -8,7 +8,8 @@ import time
 
 from draftsmith import config as cfg
 from draftsmith.errors import TokenizeError
-from draftsmith.store import atomic, manifest
+from draftsmith.fsutil import atomic
+from draftsmith.store import manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target.load import load_tokenizer, model_info
 from draftsmith.tokens.chat import ChatTokenizer, tokenize_records

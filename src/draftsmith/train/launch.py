@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.fsutil import atomic
 from draftsmith.runtime import jobs, slurm
-from draftsmith.store import atomic
 from draftsmith.train.loop import run_segment
 from draftsmith.train.process_group import Dist, process_group_backend
 from draftsmith.train.state import TrainError

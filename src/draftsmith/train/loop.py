@@ -47,8 +47,8 @@ from draftsmith.draft.model import (
     ttt_sums,
     valid_positions,
 )
+from draftsmith.fsutil import atomic
 from draftsmith.runtime import jobs
-from draftsmith.store import atomic
 from draftsmith.target.dtypes import torch_dtype
 from draftsmith.target.load import load_target
 from draftsmith.train.data import Batch, Position, TrainData

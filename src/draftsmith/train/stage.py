@@ -12,10 +12,11 @@ import torch
 from safetensors.torch import save as save_tensors
 
 from draftsmith.draft.model import STEP_DECAY
+from draftsmith.fsutil import atomic
 from draftsmith.fsutil.digests import sha256_file
 from draftsmith.runtime import gpus
 from draftsmith.runtime.resources import train_gpus
-from draftsmith.store import atomic, manifest
+from draftsmith.store import manifest
 from draftsmith.store.plan import Plan, plan_for
 from draftsmith.store.staging import Staged
 from draftsmith.target.load import model_info

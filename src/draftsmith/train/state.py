@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.draft.model import DraftConfig, Eagle3Draft
 from draftsmith.errors import DraftsmithError
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 from draftsmith.train.data import Position, TrainData
 
 CHECKPOINT_FORMAT = 2

@@ -13,7 +13,8 @@ from safetensors.torch import save as save_tensors
 from draftsmith.draft import vocab as draft_vocab
 from draftsmith.errors import DataError
 from draftsmith.formats.merged import held_out_ids
-from draftsmith.store import atomic, manifest
+from draftsmith.fsutil import atomic
+from draftsmith.store import manifest
 from draftsmith.store.plan import plan_for
 from draftsmith.target.load import model_info
 

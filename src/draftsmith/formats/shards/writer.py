@@ -31,7 +31,7 @@ from draftsmith.formats.shards.layout import (
     manifest_text,
 )
 from draftsmith.formats.shards.sink import _Sink
-from draftsmith.store import atomic
+from draftsmith.fsutil import atomic
 from draftsmith.target.dtypes import DTYPES
 
 _PAD = bytes(ALIGNMENT)
