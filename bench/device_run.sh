@@ -18,6 +18,8 @@
 #                                         # machine stays only while calls follow within ~30 s);
 #                                         # waits for it at most SECONDS
 #   bash bench/device_run.sh wait SECONDS # there: waits for that run at most SECONDS more
+# `start` runs from a copy of the tree (/tmp/draftsmith-run): each later call re-sends the
+# working tree, and an edit made here meanwhile must not reach the jobs still to come.
 # Every run phase writes its tables to $OUT: the benchmark, training summary, stage times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -80,6 +82,15 @@ report() {
 
 # The background run's pid; its log is /tmp/device_run.log, as for run.
 pid_file=/tmp/device_run.pid
+frozen=/tmp/draftsmith-run
+
+enter_frozen_copy() {
+    if [ ! -d "$frozen" ]; then
+        cp -a . "$frozen.tmp"
+        mv "$frozen.tmp" "$frozen"
+    fi
+    cd "$frozen"
+}
 
 start_background() {
     if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
@@ -128,13 +139,15 @@ run)
 start)
     seconds=${2:?seconds}
     shift 2
-    . bench/device_setup.sh
     keep_parts
     assemble_model
+    enter_frozen_copy
+    . bench/device_setup.sh
     start_background "$@"
     wait_background "$seconds"
     ;;
 wait)
+    [ -d "$frozen" ] && cd "$frozen"
     . bench/device_setup.sh
     wait_background "${2:?seconds}"
     ;;
