@@ -18,6 +18,7 @@ from draftsmith import config as cfg
 from draftsmith.draft import vocab
 from draftsmith.draft.model import DraftConfig, Eagle3Draft, shift
 from draftsmith.evaluate import spec_decode as sd
+from draftsmith.evaluate import tree_decode as td
 from draftsmith.evaluate.launch import recommend, sglang_launch
 from draftsmith.evaluate.measure import (
     EvaluationError,
@@ -323,7 +324,7 @@ def test_a_resumed_evaluation_decodes_only_the_prompts_it_has_not_recorded(
 def test_broken_tree_verification_is_caught_with_the_tree_named(
     model, draft, aux, heldout, stops, greedy_outputs
 ):
-    def deepest_path(tree: sd.DraftTree, _best: list[int]) -> list[int]:
+    def deepest_path(tree: td.DraftTree, _best: list[int]) -> list[int]:
         """The path to the deepest node, whatever the target says."""
         depths = tree.depths()
         node, path = max(range(len(depths)), key=depths.__getitem__), []
@@ -334,7 +335,7 @@ def test_broken_tree_verification_is_caught_with_the_tree_named(
 
     settings = Settings([Speculation.of(TREE)], max_new_tokens=MAX_NEW, stops=stops, warmup_prompts=0)
     ids = heldout[1].input_ids
-    broken = sd.tree_speculative(model, draft, aux, ids, *TREE.values(), MAX_NEW, stops, deepest_path)
+    broken = td.tree_speculative(model, draft, aux, ids, *TREE.values(), MAX_NEW, stops, deepest_path)
     at = next(i for i, (a, b) in enumerate(zip(greedy_outputs[1], broken.tokens, strict=False)) if a != b)
     with pytest.raises(LosslessError) as caught:
         benchmark_sets(model, draft, aux, {"tiny": heldout[1:]}, settings, accept_tree=deepest_path)

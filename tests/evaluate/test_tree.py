@@ -25,6 +25,7 @@ from evaluate.test_evaluate import (  # noqa: F401 (fixtures)
 from draftsmith.draft import vocab
 from draftsmith.draft.model import Eagle3Draft
 from draftsmith.evaluate import spec_decode as sd
+from draftsmith.evaluate import tree_decode as td
 from draftsmith.speculation import max_draft_tokens
 
 # (num_steps, topk, num_draft_tokens); the exported draft has two tokens, so topk <= 2.
@@ -65,7 +66,7 @@ def drafts(draft, sensitive) -> dict:  # noqa: F811
 def test_tree_is_lossless(model, drafts, aux, heldout, stops, greedy_outputs, which, settings):  # noqa: F811
     num_steps = settings[0]
     runs = [
-        sd.tree_speculative(model, drafts[which], aux, p.input_ids, *settings, MAX_NEW, stops)
+        td.tree_speculative(model, drafts[which], aux, p.input_ids, *settings, MAX_NEW, stops)
         for p in heldout
     ]
     for run, expected in zip(runs, greedy_outputs, strict=True):
@@ -83,7 +84,7 @@ def test_tree_is_lossless(model, drafts, aux, heldout, stops, greedy_outputs, wh
 def test_topk_one_is_the_chain(model, drafts, aux, heldout, stops, which, num_steps):  # noqa: F811
     for prompt in heldout:
         chain = sd.speculative(model, drafts[which], aux, prompt.input_ids, num_steps, MAX_NEW, stops)
-        tree = sd.tree_speculative(
+        tree = td.tree_speculative(
             model, drafts[which], aux, prompt.input_ids, num_steps, 1, num_steps + 1, MAX_NEW, stops
         )
         assert (tree.tokens, tree.reach) == (chain.tokens, chain.reach)
@@ -100,7 +101,7 @@ def test_tree_mask_is_respected_and_the_cache_keeps_the_path(model, aux, heldout
     prompt = heldout[1].input_ids
     root = 1000
     # Flat order: root, then nodes 0..5; repeated tokens on different branches and depths.
-    tree = sd.DraftTree(
+    tree = td.DraftTree(
         tokens=[28, 33662, 28, 33662, 28, 4000],
         parents=[-1, -1, 0, 0, 1, 2],
         scores=[0.0] * 6,
@@ -110,7 +111,7 @@ def test_tree_mask_is_respected_and_the_cache_keeps_the_path(model, aux, heldout
     with sd.AuxHooks(model, aux) as hooks, torch.inference_mode():
         sd._prefill(model, prompt, cache)
         hooks.take()
-        logits = sd.verify_tree(model, cache, root, tree)
+        logits = td.verify_tree(model, cache, root, tree)
         features = hooks.take()[0]
     assert logits.dtype == torch.float32 and logits.shape[0] == 1 + len(tree.tokens)
     nodes = [root, *tree.tokens]
@@ -121,7 +122,7 @@ def test_tree_mask_is_respected_and_the_cache_keeps_the_path(model, aux, heldout
     # Keep the prefix and the deepest path, then decode one more token from the cache.
     path = paths[-1]
     keep = torch.cat([torch.arange(len(prompt)), len(prompt) + torch.tensor(path)])
-    sd.keep_positions(cache, keep)
+    td.keep_positions(cache, keep)
     assert cache.get_seq_length() == len(prompt) + len(path)
     with torch.inference_mode():
         after = sd._logits(model, torch.tensor([[7]]), cache, last_only=True)[0, -1]
@@ -149,7 +150,7 @@ def test_batched_tree_paths_compute_what_the_chain_would(model, sensitive, aux, 
     with torch.inference_mode():
         state = sd.DraftState(sensitive, len(prompt) + 8)
         hidden = state.extend(states, next_tokens)
-        tree = sd.grow_tree(state, hidden, num_steps, topk)
+        tree = td.grow_tree(state, hidden, num_steps, topk)
         assert len(tree.tokens) == max_draft_tokens(num_steps, topk) - 1
         depths = tree.depths()
         assert max(depths) == num_steps
@@ -167,8 +168,8 @@ def test_batched_tree_paths_compute_what_the_chain_would(model, sensitive, aux, 
 
 
 def test_selection_is_ancestor_closed_on_ties():
-    tree = sd.DraftTree(tokens=[5, 6, 7, 8], parents=[-1, -1, 0, 2], scores=[-1.0, -2.0, -1.0, -1.0])
-    kept = sd._select(tree, 3)
+    tree = td.DraftTree(tokens=[5, 6, 7, 8], parents=[-1, -1, 0, 2], scores=[-1.0, -2.0, -1.0, -1.0])
+    kept = td._select(tree, 3)
     assert kept.tokens == [5, 7, 8] and kept.parents == [-1, 0, 1]
 
 
@@ -185,4 +186,4 @@ def test_selection_is_ancestor_closed_on_ties():
 )
 def test_bad_settings_are_refused(model, draft, aux, heldout, stops, settings, named):  # noqa: F811
     with pytest.raises(ValueError, match=named):
-        sd.tree_speculative(model, draft, aux, heldout[0].input_ids, *settings, MAX_NEW, stops)
+        td.tree_speculative(model, draft, aux, heldout[0].input_ids, *settings, MAX_NEW, stops)

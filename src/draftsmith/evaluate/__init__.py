@@ -1,8 +1,8 @@
 """Stage `evaluate`: lossless chain and tree speculative decoding of held-out prompts with
-the target and the exported draft (`spec_decode`), the prompt sets measured with it
-(`measure`), the recommended SGLang launch (`launch`), benchmark.md (`markdown`), the
-trees' config check and the recommendation's Markdown (`settings`), and the rule's entry
-(`stage`).
+the target and the exported draft (`spec_decode`, the trees in `tree_decode`), the prompt
+sets measured with it (`measure`), the recommended SGLang launch (`launch`), benchmark.md
+(`markdown`), the trees' config check and the recommendation's Markdown (`settings`), and
+the rule's entry (`stage`).
 
 Exported for the report: benchmark.json's best setting, and the Markdown of the
 recommendation, of acceptance by prompt length and of the long-context warning (`length`),

@@ -4,7 +4,7 @@ each prompt's decodes kept in the journal so a stopped job resumes; and the prom
 results as benchmark.json holds them (`draftsmith.evaluate.stage`'s docstring gives its
 schema and what AL and the shares count).
 
-No torch at import: `spec_decode` and torch load inside the functions that decode.
+No torch at import: `spec_decode`, `tree_decode` and torch load inside the functions that decode.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from draftsmith.speculation import BASELINE, Speculation
 
 if TYPE_CHECKING:
     from draftsmith.draft.model import Eagle3Draft
-    from draftsmith.evaluate.spec_decode import AcceptFn, Decoded, TreeAcceptFn
+    from draftsmith.evaluate.spec_decode import AcceptFn, Decoded
+    from draftsmith.evaluate.tree_decode import TreeAcceptFn
     from draftsmith.store.journal import Journal
     from draftsmith.target.layers import AuxLayers
 
@@ -149,11 +150,12 @@ def benchmark_sets(
     they pass the lossless check, and a prompt already recorded is not decoded again: a job
     stopped at prompt 71 of 79 resumes at prompt 72."""
     from draftsmith.evaluate import spec_decode as sd
+    from draftsmith.evaluate import tree_decode as td
 
     device = model.device
     n, stops = settings.max_new_tokens, settings.stops
     accept = accept or sd.longest_agreeing_prefix
-    accept_tree = accept_tree or sd.accepted_path
+    accept_tree = accept_tree or td.accepted_path
 
     def base(p: EvalPrompt) -> Decoded:
         return sd.timed(device, lambda: sd.greedy(model, p.input_ids, n, stops))
@@ -162,7 +164,7 @@ def benchmark_sets(
         if setting.is_chain:
             return sd.speculative(model, draft, aux, ids, setting.num_steps, n, stops, accept)
         shape = (setting.num_steps, setting.topk, setting.num_draft_tokens)
-        return sd.tree_speculative(model, draft, aux, ids, *shape, n, stops, accept_tree)
+        return td.tree_speculative(model, draft, aux, ids, *shape, n, stops, accept_tree)
 
     def spec(p: EvalPrompt, setting: Speculation) -> Decoded:
         return sd.timed(device, lambda: decode(p.input_ids, setting))
