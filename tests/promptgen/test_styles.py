@@ -15,6 +15,10 @@ from draftsmith.formats.datasets import load_prompts
 from draftsmith.formats.prompt_sets import prompt_hash
 from draftsmith.promptgen import docstrings as dp
 from draftsmith.promptgen import styles as sp
+from draftsmith.promptgen.styles.chat import ACTIVITIES, CHAT_TEMPLATES, TOPICS
+from draftsmith.promptgen.styles.common import GENERATOR
+from draftsmith.promptgen.styles.math import MATH_FAMILIES, math_problem
+from draftsmith.promptgen.styles.prose import MAX_PARAGRAPH, MIN_PARAGRAPH, distributions, prose_paragraphs
 
 REPO = Path(__file__).resolve().parents[2]
 PROVENANCE = {
@@ -91,14 +95,14 @@ def test_provenance_values(built):
     }
     for style in ("math", "chat"):
         rows = read(out / f"{style}-train.jsonl")
-        assert {(r["source"], r["generator"]) for r in rows} == {("generator", f"{sp.GENERATOR}.{style}")}
+        assert {(r["source"], r["generator"]) for r in rows} == {("generator", f"{GENERATOR}.{style}")}
     # The name the rows record is the module's before it moved to promptgen: resources/eval/
     # ships rows that carry it, and the pipeline's keys hash those files' bytes.
-    assert sp.GENERATOR == "draftsmith.style_prompts"
+    assert GENERATOR == "draftsmith.style_prompts"
     for row in read(out / "math-train.jsonl")[:50]:
-        assert sp.math_problem(row["family"], row["seed"]) == row["prompt"]
+        assert math_problem(row["family"], row["seed"]) == row["prompt"]
     for row in read(out / "chat-train.jsonl")[:50]:
-        assert sp.CHAT_TEMPLATES[row["template"]][0].format(s=row["subject"]) in row["prompt"]
+        assert CHAT_TEMPLATES[row["template"]][0].format(s=row["subject"]) in row["prompt"]
 
 
 def test_small_sets_are_spread_over_groups(built):
@@ -108,7 +112,7 @@ def test_small_sets_are_spread_over_groups(built):
         groups = {row[field] for row in heldout}
         assert len(groups) >= min(4, len(heldout)), (style, groups)
     math = read(out / "math-train.jsonl")
-    assert len({r["family"] for r in math}) == len(sp.MATH_FAMILIES) >= 10
+    assert len({r["family"] for r in math}) == len(MATH_FAMILIES) >= 10
 
 
 @pytest.mark.slow  # a second build over the standard library
@@ -131,8 +135,8 @@ def test_heldout_shares_no_split_key_or_text_with_training(full, style):
 def test_generators_give_thousands_of_training_rows(full):
     assert len(full["math"][0]) >= 8000 and len(full["chat"][0]) >= 8000
     assert len(full["code"][0]) >= 1000  # the standard library alone
-    assert len(sp.ACTIVITIES + sp.TOPICS) == len(set(sp.ACTIVITIES + sp.TOPICS)) >= 150
-    assert len(sp.CHAT_TEMPLATES) >= 25
+    assert len(ACTIVITIES + TOPICS) == len(set(ACTIVITIES + TOPICS)) >= 150
+    assert len(CHAT_TEMPLATES) >= 25
 
 
 @pytest.mark.slow  # collects the docstrings of the whole standard library
@@ -199,7 +203,7 @@ def test_prose_paragraphs_keep_only_plain_prose():
             "Install it like this, " + prose + "then run:",
         ]
     )
-    kept = list(sp.prose_paragraphs(text))
+    kept = list(prose_paragraphs(text))
     assert kept == [prose.strip(), f"Wrapped lines of {sentence * 3}with a link in them."]
 
 
@@ -207,10 +211,10 @@ def test_prose_rows_come_from_installed_distributions_and_the_python_reference(f
     from pydoc_data.topics import topics
 
     train, heldout = full["prose"]
-    names = {name for name, _, _ in sp.distributions()}
+    names = {name for name, _, _ in distributions()}
     for row in train + heldout:
         paragraph = row["prompt"].split("\n\n", 1)[1]
-        assert sp.MIN_PARAGRAPH <= len(paragraph) <= sp.MAX_PARAGRAPH
+        assert MIN_PARAGRAPH <= len(paragraph) <= MAX_PARAGRAPH
         if "topic" in row:
             assert row["package"] == "python" and " ".join(paragraph.split()) in " ".join(
                 topics[row["topic"]].split()
