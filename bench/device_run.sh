@@ -19,7 +19,9 @@
 #                                         # waits for it at most SECONDS
 #   bash bench/device_run.sh wait SECONDS # there: waits for that run at most SECONDS more
 # `start` runs from a copy of the tree (/tmp/draftsmith-run): each later call re-sends the
-# working tree, and an edit made here meanwhile must not reach the jobs still to come.
+# working tree, and an edit made here meanwhile must not reach the jobs still to come. A
+# carried .frozen/src (git archive HEAD src | tar -x -C .frozen) replaces src/ in that copy,
+# so that the run is a commit's code even while the working tree is being edited.
 # Every run phase writes its tables to $OUT: the benchmark, training summary, stage times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -87,6 +89,10 @@ frozen=/tmp/draftsmith-run
 enter_frozen_copy() {
     if [ ! -d "$frozen" ]; then
         cp -a . "$frozen.tmp"
+        if [ -d .frozen/src ]; then
+            rm -rf "$frozen.tmp/src"
+            cp -a .frozen/src "$frozen.tmp/src"
+        fi
         mv "$frozen.tmp" "$frozen"
     fi
     cd "$frozen"
