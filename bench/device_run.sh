@@ -20,8 +20,9 @@
 #   bash bench/device_run.sh wait SECONDS # there: waits for that run at most SECONDS more
 # `start` runs from a copy of the tree (/tmp/draftsmith-run): each later call re-sends the
 # working tree, and an edit made here meanwhile must not reach the jobs still to come. A
-# carried .frozen/src (git archive HEAD src | tar -x -C .frozen) replaces src/ in that copy,
-# so that the run is a commit's code even while the working tree is being edited.
+# carried .frozen (a commit's files, e.g. `git archive HEAD src rules Snakefile ... | tar -x
+# -C .frozen`) replaces those paths, in setup and in that copy, so that the run is one
+# commit's code even while the working tree is being edited.
 # Every run phase writes its tables to $OUT: the benchmark, training summary, stage times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -86,13 +87,19 @@ report() {
 pid_file=/tmp/device_run.pid
 frozen=/tmp/draftsmith-run
 
+overlay_frozen() {
+    local item
+    [ -d .frozen ] || return 0
+    for item in .frozen/*; do
+        rm -rf "$1/${item#.frozen/}"
+        cp -a "$item" "$1/"
+    done
+}
+
 enter_frozen_copy() {
     if [ ! -d "$frozen" ]; then
         cp -a . "$frozen.tmp"
-        if [ -d .frozen/src ]; then
-            rm -rf "$frozen.tmp/src"
-            cp -a .frozen/src "$frozen.tmp/src"
-        fi
+        overlay_frozen "$frozen.tmp"
         mv "$frozen.tmp" "$frozen"
     fi
     cd "$frozen"
@@ -125,6 +132,7 @@ split)
     split_model
     ;;
 setup)
+    overlay_frozen .
     . bench/device_setup.sh
     keep_parts
     time bash bench/medium_run.sh --prompts
