@@ -23,7 +23,7 @@ from draftsmith.runtime.resources import (
     train_gpus,
     train_tasks,
 )
-from draftsmith.store.plan import output_patterns
+from draftsmith.store.layout import output_patterns
 from draftsmith.workflow import configure
 
 # `--configfile X` replaces the CPU default instead of being merged into it: a

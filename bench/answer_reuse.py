@@ -30,7 +30,8 @@ import yaml
 
 from draftsmith.formats.markdown import table
 from draftsmith.store import answers, manifest
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE, Plan
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
+from draftsmith.store.plan import Plan
 from draftsmith.workflow import configure
 
 REPO = Path(__file__).resolve().parents[1]

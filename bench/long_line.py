@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftsmith.formats.datasets import load_prompts
+from draftsmith.formats.datasets.load import load_prompts
 from draftsmith.target.load import load_tokenizer, longest_token_chars
 
 

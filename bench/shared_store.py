@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT_JOBS = {"hidden_estimate", "report", "report_html", "all"}

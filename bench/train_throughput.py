@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from draftsmith.draft.vocab import build
 from draftsmith.formats.shards.writer import ShardWriter
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import shard_name
+from draftsmith.store.layout import shard_name
 from draftsmith.train import loop as train
 
 SHAPES = {

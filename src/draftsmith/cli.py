@@ -22,7 +22,8 @@ from draftsmith.errors import ConfigError
 from draftsmith.formats.markdown import human_size
 from draftsmith.fsutil import atomic
 from draftsmith.store import gc, migrate, verify
-from draftsmith.store.plan import HASH_CACHE, STAGED, Artifact, Plan, forget_source_hashes
+from draftsmith.store.layout import HASH_CACHE, STAGED
+from draftsmith.store.plan import Artifact, Plan, forget_source_hashes
 from draftsmith.workflow import configure
 
 DEFAULT_CONFIG = Path("config.yaml")

@@ -41,7 +41,7 @@ from conftest import (
 from fault_proxy import FaultProxy
 
 from draftsmith.runtime.process import free_port
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 

@@ -18,7 +18,7 @@ from chaos_runs import SEED, draftsmith, run, write
 from conftest import changed, finished_files, pipeline_config, snakemake_cmd
 from fault_proxy import FaultProxy, last_user_message
 
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 

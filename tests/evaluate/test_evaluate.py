@@ -32,7 +32,7 @@ from draftsmith.evaluate.measure import (
 from draftsmith.evaluate.stage import evaluate, export_aux_layers
 from draftsmith.export.load import load_sglang_export
 from draftsmith.export.write import export_sglang
-from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.datasets.rows import Prompt
 from draftsmith.formats.prompt_sets import (
     EvalPrompt,
     OverlapError,
@@ -422,7 +422,7 @@ def test_overlap_needs_every_training_prompt(tmp_path):
 def test_demo_heldout_set_is_disjoint_from_every_demo_dataset_row(demo_model_dir):
     """Every row of the demo datasets, not just the merged ones: a later cap change must
     not turn the shipped held-out set into training data."""
-    from draftsmith.formats.datasets import load_prompts
+    from draftsmith.formats.datasets.load import load_prompts
 
     formats = {"chat": "messages", "code": "prompt", "math": "sharegpt"}
     training = {}

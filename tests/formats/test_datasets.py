@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from draftsmith.errors import DatasetError
-from draftsmith.formats.datasets import BadRow, LoadedDataset, load_prompts
+from draftsmith.formats.datasets.load import load_prompts
+from draftsmith.formats.datasets.rows import BadRow, LoadedDataset
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "datasets"
@@ -488,7 +489,7 @@ def test_a_prompt_too_long_in_characters_is_refused_without_tokenizing(tmp_path)
 
 
 def test_an_over_long_line_is_refused_while_reading_it(tmp_path, monkeypatch):
-    import draftsmith.formats.datasets as ds
+    import draftsmith.formats.datasets.load as ds
 
     monkeypatch.setattr(ds, "MIN_LINE_BYTES", 1000, raising=False)
     rows = [{"prompt": "a"}, {"prompt": "b" * 5000}, {"prompt": "c"}, {"prompt": "d" * 900}]

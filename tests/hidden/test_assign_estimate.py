@@ -9,7 +9,7 @@ from draftsmith.fsutil import atomic
 from draftsmith.hidden import assign, estimate
 from draftsmith.hidden.hf import MergedSample, batches
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import shard_name
+from draftsmith.store.layout import shard_name
 
 
 def test_assign_balances_tokens_and_is_deterministic():

@@ -87,7 +87,7 @@ def test_too_little_held_out_source_is_an_error(tmp_path, tokenizer):
 def test_shipped_long_context_set_fills_the_default_buckets(tokenizer, demo_model_dir):
     """resources/eval/long_context.jsonl: small, every row's length and provenance as built,
     and no row a demo training prompt."""
-    from draftsmith.formats.datasets import load_prompts
+    from draftsmith.formats.datasets.load import load_prompts
     from draftsmith.formats.prompt_sets import prompt_hash
 
     path = REPO / "resources/eval/long_context.jsonl"

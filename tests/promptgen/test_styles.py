@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.formats.datasets import load_prompts
+from draftsmith.formats.datasets.load import load_prompts
 from draftsmith.formats.prompt_sets import prompt_hash
 from draftsmith.promptgen import docstrings as dp
 from draftsmith.promptgen import styles as sp

@@ -17,7 +17,7 @@ from conftest import openai_cfg
 from fault_proxy import FaultProxy
 
 from draftsmith.errors import BudgetReached, GenerationError
-from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.datasets.rows import Prompt
 from draftsmith.formats.responses import Usage
 from draftsmith.responses.openai_api import OpenAIBackend, parse_retry_after, redact
 

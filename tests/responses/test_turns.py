@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import openai_cfg
 from fault_proxy import FaultProxy
 
-from draftsmith.formats.datasets import LoadedDataset, Prompt
+from draftsmith.formats.datasets.rows import LoadedDataset, Prompt
 from draftsmith.formats.responses import Usage, response_record
 from draftsmith.model.stage import describe
 from draftsmith.responses import stage, turns

@@ -27,7 +27,8 @@ import yaml
 from conftest import REPO, built_by, finished_files, pipeline_config, snakemake_cmd
 
 from draftsmith.config import validate
-from draftsmith.store.plan import Plan, plan_for, segment_name
+from draftsmith.store.layout import segment_name
+from draftsmith.store.plan import Plan, plan_for
 from draftsmith.store.verify import SHARD_INDEX_GLOB
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

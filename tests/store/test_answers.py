@@ -18,7 +18,8 @@ from draftsmith.formats.responses import Usage, response_record
 from draftsmith.fsutil import atomic
 from draftsmith.store import answers, gc, manifest, verify
 from draftsmith.store.keys import answers_key
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE, Plan
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
+from draftsmith.store.plan import Plan
 from draftsmith.workflow import configure
 
 PAST = 1_000_000_000  # written long ago: outside any grace period

@@ -11,7 +11,8 @@ import pytest
 from draftsmith.fsutil import atomic
 from draftsmith.store import manifest, verify
 from draftsmith.store.journal import Journal
-from draftsmith.store.plan import MANIFEST, Artifact
+from draftsmith.store.layout import MANIFEST
+from draftsmith.store.plan import Artifact
 
 
 class Boom(Exception):

@@ -25,17 +25,15 @@ from draftsmith.fsutil import atomic
 from draftsmith.fsutil.atomic import TMP_PREFIX
 from draftsmith.store import gc, lock, manifest, verify
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import (
+from draftsmith.store.layout import (
     HASH_CACHE,
     LOCKS,
     MANIFEST,
-    Artifact,
-    DamagedViewError,
-    Plan,
     shard_name,
     shard_samples_path,
     stored_samples,
 )
+from draftsmith.store.plan import Artifact, DamagedViewError, Plan
 from draftsmith.workflow import configure
 
 STRAY_KEYS = ("0123456789abcdef", "fedcba9876543210")

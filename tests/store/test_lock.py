@@ -16,7 +16,8 @@ import pytest
 from draftsmith.fsutil import atomic
 from draftsmith.store import lock, manifest
 from draftsmith.store.journal import Journal
-from draftsmith.store.plan import MANIFEST, Artifact
+from draftsmith.store.layout import MANIFEST
+from draftsmith.store.plan import Artifact
 
 HOLD = textwrap.dedent(
     """

@@ -18,7 +18,8 @@ from draftsmith.fsutil import atomic
 from draftsmith.store import answers, manifest, migrate
 from draftsmith.store.hashing import derive_key, sample_address
 from draftsmith.store.keys import STAGE_VERSIONS
-from draftsmith.store.plan import FILES, JOURNAL, MANIFEST, Artifact, Plan, shard_name
+from draftsmith.store.layout import FILES, JOURNAL, MANIFEST, shard_name
+from draftsmith.store.plan import Artifact, Plan
 from draftsmith.workflow import configure
 
 # The stage words before the renames, as the store on disk still spells them.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.errors import TokenizeError
-from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.datasets.rows import Prompt
 from draftsmith.formats.responses import Usage, response_record
 from draftsmith.merged import data_report
 from draftsmith.model.stage import describe

@@ -21,7 +21,7 @@ from draftsmith.formats.merged import held_out_ids, id_fraction
 from draftsmith.formats.shards.writer import ShardWriter
 from draftsmith.runtime import slurm
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import shard_name
+from draftsmith.store.layout import shard_name
 from draftsmith.target import load as target
 from draftsmith.target.layers import AuxLayers
 from draftsmith.train import data as train_data

@@ -1,6 +1,6 @@
 """The house rules, checked: no import cycle, stages apart, the offline prompt generators
 apart, console scripts that import, and every artifact file name spelled only in the
-artifact plan (docs/architecture.md)."""
+store's layout (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.runtime.sglang import REFUSED
-from draftsmith.store import plan
+from draftsmith.store import layout
 from draftsmith.store.keys import STAGES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,11 +194,11 @@ def test_console_scripts_import():
 
 # HF's directory layout (the target, and the serving formats built on it) fixes these, not
 # us; `hf` (the converted model's directory) is also the name of a generation backend.
-HF_NAMES = {plan.EXPORT_FILES["config"], plan.EXPORT_FILES["weights"], plan.FILES["model"]["hf"]}
+HF_NAMES = {layout.EXPORT_FILES["config"], layout.EXPORT_FILES["weights"], layout.FILES["model"]["hf"]}
 ARTIFACT_NAMES = (
-    {Path(name).name for files in plan.FILES.values() for name in files.values()}
-    | set(plan.RESULTS.values())
-    | {plan.MANIFEST, plan.JOURNAL, plan.ANSWERS_FILE, plan.HASH_CACHE, plan.STAGED}
+    {Path(name).name for files in layout.FILES.values() for name in files.values()}
+    | set(layout.RESULTS.values())
+    | {layout.MANIFEST, layout.JOURNAL, layout.ANSWERS_FILE, layout.HASH_CACHE, layout.STAGED}
 ) - HF_NAMES
 
 
@@ -229,10 +229,10 @@ def spelled(texts: list[str]) -> set[str]:
     return {match for text in texts for match in pattern.findall(text)}
 
 
-def test_artifact_file_names_are_spelled_only_in_the_plan():
+def test_artifact_file_names_are_spelled_only_in_the_layout():
     where = {}
     for path in [*SRC.rglob("*.py"), *(REPO / "scripts").glob("*.py")]:
-        if path != SRC / "store" / "plan.py":
+        if path != SRC / "store" / "layout.py":
             where[path] = spelled(python_strings(path))
     for path in [REPO / "Snakefile", *(REPO / "rules").glob("*.smk")]:
         where[path] = spelled(snakemake_code(path))

@@ -17,7 +17,7 @@ from conftest import REPO, snakemake_cmd, workflow_config, write_rows
 from fault_proxy import FaultProxy
 
 from draftsmith.store import answers
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import planned_jobs, snakemake, workflow_config, write_rows
 
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE, LOCKS
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE, LOCKS
 
 pytestmark = pytest.mark.slow
 

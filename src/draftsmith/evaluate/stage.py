@@ -73,7 +73,8 @@ from draftsmith.runtime.resources import evaluate_gpus
 from draftsmith.speculation import Speculation
 from draftsmith.store import manifest
 from draftsmith.store.journal import Journal
-from draftsmith.store.plan import EXPORT_FILES, JOURNAL, plan_for
+from draftsmith.store.layout import EXPORT_FILES, JOURNAL
+from draftsmith.store.plan import plan_for
 from draftsmith.target import load as target
 
 if TYPE_CHECKING:

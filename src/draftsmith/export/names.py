@@ -16,7 +16,7 @@ place that knows which aux-layer numbering each consumer reads.
 from __future__ import annotations
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.store.plan import EXPORT_FILES
+from draftsmith.store.layout import EXPORT_FILES
 from draftsmith.target.layers import INPUT_OF, OUTPUT_OF, AuxLayers, sglang_layer_ids
 
 SGLANG = "sglang"

@@ -26,7 +26,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.formats import datasets
+from draftsmith.formats.datasets.load import load_prompts
 from draftsmith.fsutil import atomic
 
 MAX_LISTED = 10
@@ -96,8 +96,8 @@ def load_prompt_set(
     name: str, entry: dict, tokenizer, system_prompt: str | None, planned_sha256: str | None = None
 ) -> list[EvalPrompt]:
     """The first `max_prompts` prompts of one configured set (`evaluate.prompt_sets.<name>`);
-    with `planned_sha256`, the file read must hash to it (`datasets.load_prompts`)."""
-    loaded = datasets.load_prompts(
+    with `planned_sha256`, the file read must hash to it (`load_prompts`)."""
+    loaded = load_prompts(
         name,
         {
             "path": entry["path"],

@@ -10,7 +10,7 @@ addresses. Each assigned shard's samples (address, input_ids, loss_mask) are wri
 assign lock (`hidden.stage.hidden_assign`), so a sample stored or already assigned to a
 shard, by any mix, checkout or experiment, is never assigned again. The missing samples
 are balanced by tokens over at most `extract.num_shards` new shards (longest first into
-the lightest), each named by its addresses (`plan.shard_name`): two checkouts assigning
+the lightest), each named by its addresses (`layout.shard_name`): two checkouts assigning
 the same missing samples agree on the names.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from draftsmith.fsutil import atomic
 from draftsmith.store import lock
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import SHARD_SAMPLES, shard_name, shard_samples_path, stored_samples
+from draftsmith.store.layout import SHARD_SAMPLES, shard_name, shard_samples_path, stored_samples
 
 
 def assign(samples: list[tuple[str, int]], num_shards: int) -> list[list[str]]:

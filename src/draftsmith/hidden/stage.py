@@ -18,7 +18,8 @@ from draftsmith.runtime.jobs import progress
 from draftsmith.runtime.resources import hidden_gpus
 from draftsmith.store import manifest
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import plan_for, shard_name
+from draftsmith.store.layout import shard_name
+from draftsmith.store.plan import plan_for
 from draftsmith.store.staging import Staged
 from draftsmith.target import layers
 from draftsmith.target.load import load_model, model_info

@@ -10,7 +10,8 @@ from draftsmith.fsutil import atomic
 from draftsmith.merged import data_report
 from draftsmith.merged.merge import merge
 from draftsmith.store import manifest
-from draftsmith.store.plan import MANIFEST, plan_for
+from draftsmith.store.layout import MANIFEST
+from draftsmith.store.plan import plan_for
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from draftsmith.target import load as target
 from draftsmith.target.special_tokens import stop_ids
 
 if TYPE_CHECKING:
-    from draftsmith.formats.datasets import Prompt
-from draftsmith.formats.datasets import structured_calls
+    from draftsmith.formats.datasets.rows import Prompt
+from draftsmith.formats.datasets.conversations import structured_calls
 from draftsmith.formats.responses import Usage, response_record
 
 log = logging.getLogger(__name__)

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from draftsmith.errors import BudgetReached, GenerationError
-from draftsmith.formats.datasets import structured_calls
+from draftsmith.formats.datasets.conversations import structured_calls
 from draftsmith.formats.responses import Usage, cost_usd, response_record
 
 if TYPE_CHECKING:
-    from draftsmith.formats.datasets import Prompt
+    from draftsmith.formats.datasets.rows import Prompt
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from draftsmith.runtime.process import ManagedServer
 from draftsmith.runtime.sglang import launch_command, server_url
 
 if TYPE_CHECKING:
-    from draftsmith.formats.datasets import Prompt
+    from draftsmith.formats.datasets.rows import Prompt
     from draftsmith.formats.responses import Usage
 
 _SECTION = "generation.sglang"

@@ -20,7 +20,8 @@ from typing import Protocol
 
 from draftsmith import config as cfg
 from draftsmith.errors import GenerationError
-from draftsmith.formats.datasets import LoadedDataset, Prompt, load_prompts
+from draftsmith.formats.datasets.load import load_prompts
+from draftsmith.formats.datasets.rows import LoadedDataset, Prompt
 from draftsmith.formats.responses import Usage, cost_usd, record_usage
 from draftsmith.fsutil import atomic
 from draftsmith.responses import turns

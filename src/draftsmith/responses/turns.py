@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftsmith.formats.datasets import Prompt
+from draftsmith.formats.datasets.rows import Prompt
 from draftsmith.formats.responses import reply_message
 from draftsmith.store import answers
 

@@ -49,7 +49,7 @@ from draftsmith.runtime.sglang import (
     speculative_flags,
 )
 from draftsmith.speculation import Speculation
-from draftsmith.store.plan import EXPORT_FILES
+from draftsmith.store.layout import EXPORT_FILES
 
 SECTION = "serve_benchmark"
 SGLANG_SECTION = f"{SECTION}.sglang"

@@ -1,6 +1,6 @@
 """The answer store: each answer the target generated, stored once, shared by the whole store.
 
-`<artifacts>/answers/<generation key>/answers.jsonl` (`plan.answer_store`): the generation
+`<artifacts>/answers/<generation key>/answers.jsonl` (`layout.answer_store`): the generation
 key hashes what changes an answer besides its prompt (`keys.answers_key`: the model key
 and the semantic generation settings), and inside it an answer's address is the sha256 of
 its prompt's messages (`address`). Every dataset, responses key, experiment and checkout
@@ -29,7 +29,7 @@ from draftsmith.fsutil.digests import canonical_json, sha256_bytes
 from draftsmith.store import lock
 from draftsmith.store.journal import Journal
 from draftsmith.store.keys import is_key
-from draftsmith.store.plan import ANSWERS, ANSWERS_FILE
+from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
 
 # Fields of a response record that belong to the prompt's place in a dataset, not to the answer.
 PER_PROMPT = ("id", "dataset", "index")

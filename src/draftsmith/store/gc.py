@@ -44,14 +44,8 @@ from draftsmith.fsutil import atomic
 from draftsmith.fsutil.atomic import TMP_PREFIX, fsync_dir, temp_name
 from draftsmith.store import answers, lock
 from draftsmith.store.keys import STAGES, is_key
-from draftsmith.store.plan import (
-    LOCKS,
-    SHARD_SAMPLES,
-    Plan,
-    shard_path,
-    shard_samples_path,
-    stored_samples,
-)
+from draftsmith.store.layout import LOCKS, SHARD_SAMPLES, shard_path, shard_samples_path, stored_samples
+from draftsmith.store.plan import Plan
 
 # Directories written less than this long ago are left alone (`draftsmith gc --grace`).
 DEFAULT_GRACE_S = 15 * 60

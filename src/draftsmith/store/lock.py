@@ -34,7 +34,7 @@ from pathlib import Path
 
 from draftsmith.fsutil import atomic
 from draftsmith.store import manifest
-from draftsmith.store.plan import LOCKS, MANIFEST, STAGED, key_directory
+from draftsmith.store.layout import LOCKS, MANIFEST, STAGED, key_directory
 
 log = logging.getLogger(__name__)
 

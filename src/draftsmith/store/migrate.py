@@ -36,7 +36,7 @@ from draftsmith.store.gc import artifact_dirs, dataset_dirs, key_dirs
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.journal import complete_records
 from draftsmith.store.keys import HASHED_NAMES, stage_key
-from draftsmith.store.plan import (
+from draftsmith.store.layout import (
     FILES,
     JOURNAL,
     MANIFEST,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from draftsmith.fsutil import atomic
 from draftsmith.fsutil.digests import sha256_file
-from draftsmith.store.plan import STAGED
+from draftsmith.store.layout import STAGED
 
 log = logging.getLogger(__name__)
 

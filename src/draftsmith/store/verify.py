@@ -43,15 +43,8 @@ from draftsmith.fsutil.atomic import TMP_PREFIX
 from draftsmith.fsutil.digests import sha256_file
 from draftsmith.store import answers, gc, manifest
 from draftsmith.store.hashing import sample_address
-from draftsmith.store.plan import (
-    MANIFEST,
-    SHARD_SAMPLES,
-    STAGED,
-    DamagedViewError,
-    Plan,
-    shard_name,
-    shard_path,
-)
+from draftsmith.store.layout import MANIFEST, SHARD_SAMPLES, STAGED, shard_name, shard_path
+from draftsmith.store.plan import DamagedViewError, Plan
 
 SHARD_INDEX_GLOB = "shard-*.json"
 RECORD_SUFFIX = ".record.json"
