@@ -20,9 +20,10 @@
 #   bash bench/device_run.sh wait SECONDS # there: waits for that run at most SECONDS more
 # `start` runs from a copy of the tree (/tmp/draftsmith-run): each later call re-sends the
 # working tree, and an edit made here meanwhile must not reach the jobs still to come. A
-# carried .frozen (a commit's files, e.g. `git archive HEAD src rules Snakefile ... | tar -x
-# -C .frozen`) replaces those paths, in setup and in that copy, so that the run is one
-# commit's code even while the working tree is being edited.
+# carried .frozen (a commit's files: `git archive HEAD src rules scripts configs resources
+# report envs profiles Snakefile config.yaml pyproject.toml | tar -x -C .frozen`) replaces
+# those paths, in setup and in that copy, so that the run is one commit's code even while
+# the working tree is being edited. Not bench/: it holds the carried wheels.
 # Every run phase writes its tables to $OUT: the benchmark, training summary, stage times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -90,6 +91,10 @@ frozen=/tmp/draftsmith-run
 overlay_frozen() {
     local item
     [ -d .frozen ] || return 0
+    if [ -e .frozen/bench ]; then
+        echo "device_run: .frozen/bench would replace bench/ and its carried wheels" >&2
+        return 1
+    fi
     for item in .frozen/*; do
         rm -rf "$1/${item#.frozen/}"
         cp -a "$item" "$1/"
