@@ -1,6 +1,6 @@
 """The house rules, checked: no import cycle, stages apart, the offline prompt generators
 apart, console scripts that import, and every artifact file name spelled only in the
-store's layout (docs/architecture.md)."""
+store's layout, and no module over 500 lines (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -256,3 +256,17 @@ def test_refused_sglang_flags_are_listed_once():
         if path != home and (found := set(python_strings(path)) & set(REFUSED))
     }
     assert spelled_elsewhere == {}
+
+
+# A module holds one concern; past this many lines it is split along its seams
+# (docs/architecture.md says so, and names any module allowed to stay whole).
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
