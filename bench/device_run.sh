@@ -19,11 +19,11 @@
 #                                         # waits for it at most SECONDS
 #   bash bench/device_run.sh wait SECONDS # there: waits for that run at most SECONDS more
 # `start` runs from a copy of the tree (/tmp/draftsmith-run): each later call re-sends the
-# working tree, and an edit made here meanwhile must not reach the jobs still to come. A
-# carried .frozen (a commit's files: `git archive HEAD src rules scripts configs resources
-# report envs profiles Snakefile config.yaml pyproject.toml | tar -x -C .frozen`) replaces
-# those paths, in setup and in that copy, so that the run is one commit's code even while
-# the working tree is being edited. Not bench/: it holds the carried wheels.
+# working tree, and an edit made here meanwhile must not reach the jobs still to come.
+#   bash bench/device_run.sh freeze       # here: .frozen (git-ignored) holds HEAD's pipeline
+#                                         # files; carried, they replace the tree's in setup
+#                                         # and in that copy, so the run is one commit's code
+#                                         # even while the working tree is being edited
 # Every run phase writes its tables to $OUT: the benchmark, training summary, stage times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -87,14 +87,20 @@ report() {
 # The background run's pid; its log is /tmp/device_run.log, as for run.
 pid_file=/tmp/device_run.pid
 frozen=/tmp/draftsmith-run
+# What the pipeline runs from; not bench/ (it holds the carried wheels), tests/ or docs/
+# (with the model's second part, one call carries under 64 MiB).
+frozen_paths=(src rules scripts configs resources report envs profiles Snakefile config.yaml pyproject.toml)
+
+freeze() {
+    rm -rf .frozen
+    mkdir .frozen
+    git archive HEAD "${frozen_paths[@]}" | tar -x -C .frozen
+    echo "device_run: .frozen holds $(git rev-parse --short HEAD) ($(du -sh .frozen | cut -f1))"
+}
 
 overlay_frozen() {
     local item
     [ -d .frozen ] || return 0
-    if [ -e .frozen/bench ]; then
-        echo "device_run: .frozen/bench would replace bench/ and its carried wheels" >&2
-        return 1
-    fi
     for item in .frozen/*; do
         rm -rf "$1/${item#.frozen/}"
         cp -a "$item" "$1/"
@@ -136,6 +142,9 @@ case "${1:-}" in
 split)
     split_model
     ;;
+freeze)
+    freeze
+    ;;
 setup)
     overlay_frozen .
     . bench/device_setup.sh
@@ -171,7 +180,7 @@ wait)
     wait_background "${2:?seconds}"
     ;;
 *)
-    echo "usage: bench/device_run.sh split | setup | run SECONDS | start SECONDS | wait SECONDS" >&2
+    echo "usage: bench/device_run.sh split | freeze | setup | run SECONDS | start SECONDS | wait SECONDS" >&2
     exit 2
     ;;
 esac
