@@ -230,7 +230,7 @@ def _new_cache(model) -> DynamicCache:
 
 
 @functools.cache
-def _cache_kwarg(model_class: type) -> str:
+def cache_kwarg(model_class: type) -> str:
     # transformers renamed `past_key_values` to `cache` (5.2x); an older version would
     # swallow `cache` in **kwargs and silently decode without one.
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
@@ -238,7 +238,7 @@ def _cache_kwarg(model_class: type) -> str:
 
 def _logits(model, input_ids: torch.Tensor, cache: DynamicCache, last_only: bool) -> torch.Tensor:
     """The target's logits for `input_ids` appended to `cache` (of the last position only, or all)."""
-    kwargs = {_cache_kwarg(type(model)): cache, "use_cache": True, "logits_to_keep": 1 if last_only else 0}
+    kwargs = {cache_kwarg(type(model)): cache, "use_cache": True, "logits_to_keep": 1 if last_only else 0}
     return model(input_ids=input_ids, **kwargs).logits
 
 
@@ -280,7 +280,7 @@ def speculative(
         return _speculative(model, hooks, draft, list(prompt_ids), k, max_new_tokens, set(stops), accept)
 
 
-def _start(
+def prefill_and_start(
     model,
     hooks: AuxHooks,
     draft: Eagle3Draft,
@@ -301,7 +301,7 @@ def _start(
     return cache, result, (state, hooks.take()[0], torch.tensor(prompt[1:] + [token], device=model.device))
 
 
-def _emit(result: Decoded, emitted: list[int], max_new_tokens: int, stop_set: set[int]) -> bool:
+def emit_step(result: Decoded, emitted: list[int], max_new_tokens: int, stop_set: set[int]) -> bool:
     """Add one verify step's tokens to `result`; True when the decode is done."""
     kept, done = _keep(emitted, max_new_tokens - len(result.tokens), stop_set)
     result.tokens += kept
@@ -320,7 +320,7 @@ def _speculative(
     accept: AcceptFn,
 ) -> Decoded:
     device = model.device
-    cache, result, started = _start(model, hooks, draft, prompt, max_new_tokens, stop_set, slack=k)
+    cache, result, started = prefill_and_start(model, hooks, draft, prompt, max_new_tokens, stop_set, slack=k)
     if started is None:
         return result
     state, new_aux, new_next = started
@@ -333,7 +333,7 @@ def _speculative(
         drafted, best = both[:k], both[k:]
         accepted = accept(drafted, best)
         emitted = drafted[:accepted] + [best[accepted]]
-        if _emit(result, emitted, max_new_tokens, stop_set):
+        if emit_step(result, emitted, max_new_tokens, stop_set):
             return result
         cache.crop(-(k - accepted))  # keep the accepted positions' keys and values
         new_aux = hooks.take()[0, : accepted + 1]

@@ -17,7 +17,14 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.draft.model import Eagle3Draft
-from draftsmith.evaluate.spec_decode import AuxHooks, Decoded, DraftState, _cache_kwarg, _emit, _start
+from draftsmith.evaluate.spec_decode import (
+    AuxHooks,
+    Decoded,
+    DraftState,
+    cache_kwarg,
+    emit_step,
+    prefill_and_start,
+)
 from draftsmith.speculation import Speculation
 from draftsmith.target.layers import AuxLayers
 
@@ -117,7 +124,7 @@ def verify_tree(model, cache: DynamicCache, root: int, tree: DraftTree) -> torch
     ids = torch.tensor([[root, *tree.tokens]], device=device)
     positions = torch.tensor([[0, *tree.depths()]], device=device) + prefix
     mask = tree_mask(tree, prefix, model.dtype, device)
-    kwargs = {_cache_kwarg(type(model)): cache, "use_cache": True}
+    kwargs = {cache_kwarg(type(model)): cache, "use_cache": True}
     return model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs).logits[0]
 
 
@@ -184,7 +191,7 @@ def _tree_speculative(
 ) -> Decoded:
     num_steps, topk, num_draft_tokens = shape
     device = model.device
-    cache, result, started = _start(model, hooks, draft, prompt, max_new_tokens, stop_set)
+    cache, result, started = prefill_and_start(model, hooks, draft, prompt, max_new_tokens, stop_set)
     if started is None:
         return result
     state, new_aux, new_next = started
@@ -196,7 +203,7 @@ def _tree_speculative(
         best = verify_tree(model, cache, token, tree).argmax(-1).tolist()
         path = accept(tree, best)
         emitted = [tree.tokens[i - 1] for i in path[1:]] + [best[path[-1]]]
-        if _emit(result, emitted, max_new_tokens, stop_set):
+        if emit_step(result, emitted, max_new_tokens, stop_set):
             return result
         # The cache keeps the prefix and the accepted path; the draft gets the path's features.
         on_path = torch.tensor(path, device=device)
