@@ -23,10 +23,14 @@ from draftsmith.store.layout import ANSWERS, ANSWERS_FILE
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 KILLS = 30
-# The job scripts in the order a run reaches them; kills cycle through the targets.
+# The job scripts in an order a run reaches them. Every stage listed after a kill target
+# depends on it, so a job of a later stage means the target is done. vocab needs only the
+# split (hidden_assign) and runs beside the shards: listed after hidden_shard, a vocab job
+# passed for "shards done" and every kill aimed at the shards missed.
+# Kills cycle through the targets.
 STAGE_ORDER = (
-    "model", "responses", "tokens", "merged", "hidden_assign", "hidden_estimate",
-    "hidden_shard", "vocab", "train_segment", "train", "export", "evaluate", "report",
+    "model", "responses", "tokens", "merged", "hidden_assign", "vocab", "hidden_estimate",
+    "hidden_shard", "train_segment", "train", "export", "evaluate", "report",
 )  # fmt: skip
 KILL_TARGETS = ("responses", "tokens", "hidden_shard", "train_segment", "export", "evaluate")
 JOB_SCRIPT = re.compile(r"\.snakemake/scripts/tmp\w+\.(\w+)\.py")
