@@ -35,7 +35,8 @@ if not workflow.overwrite_configfiles:
 
 # Values given with `--config` mean what they would in a config file (nested ones included).
 apply_command_line(config, workflow.config_settings.config_args)
-PLAN = configure(config, source=", ".join(map(str, workflow.configfiles)) or "config")
+SETTINGS = configure(config, source=", ".join(map(str, workflow.configfiles)) or "config")
+PLAN = SETTINGS.plan
 LOGS = config["logs_dir"]
 
 

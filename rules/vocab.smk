@@ -23,5 +23,8 @@ rule vocab:
         "../envs/data.yaml"
     resources:
         mem_mb=2000,
+    params:
+        settings=SETTINGS.vocab,
+        artifact=PLAN.vocab,
     script:
         "../scripts/vocab.py"

@@ -150,7 +150,7 @@ def _paths(args: argparse.Namespace) -> list[Path]:
 
 
 def _plan_of(paths: list[Path]) -> Plan:
-    return configure(*_merged(paths))
+    return configure(*_merged(paths)).plan
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -216,7 +216,7 @@ def _verify(args: argparse.Namespace) -> int:
         config["artifacts_dir"] = str(args.root)
     if args.rehash_sources:
         forget_source_hashes(Path(config["artifacts_dir"]))
-    plan = configure(config, source)
+    plan = configure(config, source).plan
     return verify.run(plan.root, plan, args.fix, [str(p) for p in args.configfile or []])
 
 

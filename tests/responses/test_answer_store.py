@@ -22,19 +22,19 @@ SECOND = ["Name a planet.", "Count to three.", "Name a fruit.", "What does ls do
 
 def stats(config: dict, dataset: str) -> dict:
     """The responses manifest's answer counts of `dataset` under `config`."""
-    path = configure(copy.deepcopy(config)).responses[dataset].manifest
+    path = configure(copy.deepcopy(config)).plan.responses[dataset].manifest
     found = manifest.read(path)["stats"]
     return {"generated": found["answers_generated"], "reused": found["answers_reused"]}
 
 
 def records(config: dict, dataset: str) -> list[dict]:
-    path = configure(copy.deepcopy(config)).responses[dataset].path("responses")
+    path = configure(copy.deepcopy(config)).plan.responses[dataset].path("responses")
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def answer(tmp_path: Path, config: dict) -> None:
     """Run the workflow up to every dataset's responses (the rule has a dataset wildcard)."""
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     snakemake(tmp_path, config, *(str(a.manifest) for a in plan.responses.values()))
 
 
@@ -77,9 +77,9 @@ def test_each_edit_generates_only_what_it_changes(tmp_path: Path, demo_model_dir
     assert stats(config, "second") == {"generated": 1, "reused": 3}
 
     # Ten prompts answered, each once, in one answer store.
-    (store,) = {configure(copy.deepcopy(config)).answers[n] for n in sources}
+    (store,) = {configure(copy.deepcopy(config)).plan.answers[n] for n in sources}
     lines = (store / "answers.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(line)["address"] for line in lines}) == 10
-    key = configure(copy.deepcopy(config)).responses["second"].key
+    key = configure(copy.deepcopy(config)).plan.responses["second"].key
     log = (tmp_path / "logs" / "responses" / "second" / f"{key}.log").read_text()
     assert "second: 4 prompts, 3 already answered in the store, 1 to generate" in log

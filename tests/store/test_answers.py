@@ -71,7 +71,7 @@ def test_tools_are_part_of_the_address_and_a_stored_answer_checks_them(tmp_path)
 
 def test_generation_key_hashes_model_and_semantic_settings(tmp_path):
     config = stand_in_config(tmp_path)
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     # Two datasets with the same generation settings share one answer store.
     assert plan.answers["chat"] == plan.answers["code"]
     assert plan.answers["chat"].parent == plan.root / ANSWERS
@@ -80,11 +80,11 @@ def test_generation_key_hashes_model_and_semantic_settings(tmp_path):
     # A dataset's content, max_samples and prompt-length cap are not in it; a seed is.
     config["datasets"]["chat"]["max_samples"] = 1
     config["datasets"]["chat"]["max_prompt_tokens"] = 100
-    assert configure(copy.deepcopy(config)).answers["chat"] == plan.answers["chat"]
+    assert configure(copy.deepcopy(config)).plan.answers["chat"] == plan.answers["chat"]
     config["generation"]["seed"] = 7  # fresh samples on purpose
-    assert configure(copy.deepcopy(config)).answers["chat"] != plan.answers["chat"]
+    assert configure(copy.deepcopy(config)).plan.answers["chat"] != plan.answers["chat"]
     config["datasets"]["chat"]["generation"] = {"temperature": 0.7}
-    sampled = configure(copy.deepcopy(config))
+    sampled = configure(copy.deepcopy(config)).plan
     assert sampled.answers["chat"] != sampled.answers["code"]
     assert answers_key("a" * 16, generation) != answers_key("b" * 16, generation)
 
@@ -155,7 +155,7 @@ def built_responses(plan: Plan, dataset: str, texts: list[str]) -> None:
 
 
 def test_gc_lists_and_deletes_only_answers_no_config_uses(tmp_path):
-    plan = configure(stand_in_config(tmp_path))
+    plan = configure(stand_in_config(tmp_path)).plan
     store = plan.answers["chat"]
     retired = plan.root / ANSWERS / "fedcba9876543210"  # a generation key no config plans
     put(store, "kept by chat", "kept by code", "asked by nobody")
@@ -187,7 +187,7 @@ def test_gc_lists_and_deletes_only_answers_no_config_uses(tmp_path):
 
 
 def test_gc_leaves_answers_written_within_the_grace_period_or_in_use(tmp_path):
-    plan = configure(stand_in_config(tmp_path))
+    plan = configure(stand_in_config(tmp_path)).plan
     retired = plan.root / ANSWERS / "fedcba9876543210"
     put(retired, "old")
     (item,) = [i for i in gc.unused_answers([plan]) if i.directory == retired]
@@ -201,7 +201,7 @@ def test_draftsmith_gc_lists_then_deletes_unused_answers(tmp_path, capsys):
     config = stand_in_config(tmp_path)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     retired = plan.root / ANSWERS / "fedcba9876543210"
     put(retired, "old", "older")
     for item in [*retired.rglob("*"), retired]:

@@ -103,7 +103,7 @@ def snapshot(root: Path) -> set[Path]:
 
 
 def test_gc_lists_only_what_no_config_plans(tmp_path, configs, capsys):
-    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    plans = [configure(copy.deepcopy(c)).plan for c in configs.values()]
     root, strays = build_store(plans)
     age(root, 3600)
     before = snapshot(root)
@@ -126,7 +126,7 @@ def test_gc_lists_only_what_no_config_plans(tmp_path, configs, capsys):
 
 def test_gc_lists_a_states_store_no_config_extracts_into(tmp_path, configs, capsys):
     other = copy.deepcopy(configs["first"]) | {"extract": {"storage": "fp8"}}
-    plans = [configure(copy.deepcopy(c)) for c in [*configs.values(), other]]
+    plans = [configure(copy.deepcopy(c)).plan for c in [*configs.values(), other]]
     build_store(plans)
     age(plans[0].root, 3600)
     paths = config_files(tmp_path, configs)
@@ -136,7 +136,7 @@ def test_gc_lists_a_states_store_no_config_extracts_into(tmp_path, configs, caps
 
 
 def test_gc_delete_removes_exactly_the_unreferenced(tmp_path, configs, capsys):
-    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    plans = [configure(copy.deepcopy(c)).plan for c in configs.values()]
     root, strays = build_store(plans)
     before = snapshot(root)
     paths = config_files(tmp_path, configs)
@@ -189,7 +189,7 @@ def said_held(proc: subprocess.Popen, timeout_s: float) -> bool:
 
 
 def test_gc_spares_a_directory_whose_job_holds_its_lock(tmp_path, configs, capsys):
-    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    plans = [configure(copy.deepcopy(c)).plan for c in configs.values()]
     root, strays = build_store(plans)
     paths = config_files(tmp_path, configs)
     age(root, 3600)
@@ -214,7 +214,7 @@ def test_gc_spares_a_directory_whose_job_holds_its_lock(tmp_path, configs, capsy
 
 
 def test_gc_spares_what_was_written_within_the_grace_period(tmp_path, configs, capsys):
-    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    plans = [configure(copy.deepcopy(c)).plan for c in configs.values()]
     root, strays = build_store(plans)
     paths = config_files(tmp_path, configs)
     args = ["gc", "--delete", "--configfile", str(paths["first"]), "--configfile", str(paths["second"])]
@@ -287,7 +287,7 @@ def kill_gc_midway(config: Path, directory: Path, files: list[Path]) -> Path:
 
 
 def test_verify_passes_over_what_a_killed_gc_left_and_the_next_gc_removes_it(tmp_path, configs, capsys):
-    plans = [configure(copy.deepcopy(c)) for c in configs.values()]
+    plans = [configure(copy.deepcopy(c)).plan for c in configs.values()]
     root, _ = build_store(plans)
     age(root, 3600)
     first = config_files(tmp_path, configs)["first"]
@@ -339,7 +339,7 @@ def write_view(plan: Plan, samples: dict[str, list[int]], store: Path) -> None:
 
 
 def test_gc_deletes_the_shards_whose_samples_no_planned_mix_uses(tmp_path, configs, capsys):
-    plan = configure(copy.deepcopy(configs["first"]))
+    plan = configure(copy.deepcopy(configs["first"])).plan
     store = plan.states.directory
     both = store_shard(store, {"a1": [1, 2], "a2": [3]})  # one sample used, one not
     dropped = store_shard(store, {"b1": [4, 5, 6]})  # a dropped dataset's sample
@@ -363,7 +363,7 @@ def test_gc_deletes_the_shards_whose_samples_no_planned_mix_uses(tmp_path, confi
 
 
 def test_gc_keeps_every_shard_while_a_planned_view_is_not_written(tmp_path, configs):
-    plan = configure(copy.deepcopy(configs["first"]))
+    plan = configure(copy.deepcopy(configs["first"])).plan
     store_shard(plan.states.directory, {"a1": [1, 2]})
     age(plan.root, 3600)
     (item,) = gc.unused_states([plan])
@@ -372,7 +372,7 @@ def test_gc_keeps_every_shard_while_a_planned_view_is_not_written(tmp_path, conf
 
 
 def test_verify_finds_a_damaged_samples_file_and_fix_writes_it_again_from_its_shard(tmp_path, configs):
-    plan = configure(copy.deepcopy(configs["first"]))
+    plan = configure(copy.deepcopy(configs["first"])).plan
     store = plan.states.directory
     name = store_shard(store, {"a1": [1, 2], "a2": [3]})
     path = shard_samples_path(store, name)
@@ -390,7 +390,7 @@ def test_verify_finds_a_damaged_samples_file_and_fix_writes_it_again_from_its_sh
 
 
 def test_a_damaged_view_is_named_and_verify_reports_it_instead_of_failing(tmp_path, configs):
-    plan = configure(copy.deepcopy(configs["first"]))
+    plan = configure(copy.deepcopy(configs["first"])).plan
     store_shard(plan.states.directory, {"a1": [1, 2]})
     write_view(plan, {"a1": [1, 2]}, plan.states.directory)
     view = plan.hidden.path("assignment")

@@ -67,7 +67,7 @@ def write_old(plan: Plan, artifact: Artifact) -> Path:
 
 @pytest.fixture
 def plan(tmp_path: Path) -> Plan:
-    return configure(stand_in_config(tmp_path))
+    return configure(stand_in_config(tmp_path)).plan
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def plan_json(capsys, *configfiles: Path) -> list[dict]:
 
 def test_plan_prints_every_stage_and_key(tmp_path, config, capsys):
     path = write_config(tmp_path / "config.yaml", config)
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     assert cli.main(["plan", "--configfile", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["stage", "dataset", "key", "built", "directory"]
@@ -54,7 +54,7 @@ def test_plan_prints_every_stage_and_key(tmp_path, config, capsys):
 
 def test_plan_json_lists_the_keys_configure_plans(tmp_path, config, capsys):
     rows = plan_json(capsys, write_config(tmp_path / "config.yaml", config))
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     assert [(r["stage"], r["key"], r["directory"]) for r in rows] == [
         (a.stage, a.key, str(a.directory)) for a in plan.artifacts
     ]
@@ -64,7 +64,7 @@ def test_plan_json_lists_the_keys_configure_plans(tmp_path, config, capsys):
 
 def test_plan_reports_what_is_built(tmp_path, config, capsys):
     path = write_config(tmp_path / "config.yaml", config)
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     plan.model.path("info").parent.mkdir(parents=True)
     plan.model.path("info").write_text("{}")
     manifest.write(plan.model, plan.model.manifest, [plan.model.path("info")], {}, time.time())
@@ -86,7 +86,7 @@ def test_later_configfiles_win(tmp_path, config, capsys):
     merged = copy.deepcopy(config)
     merged["merge"]["seed"] = 7
     merged["train"] = {"lr": 0.01}
-    assert [r["key"] for r in rows] == [a.key for a in configure(merged).artifacts]
+    assert [r["key"] for r in rows] == [a.key for a in configure(merged).plan.artifacts]
     assert rows != plan_json(capsys, base)
 
 
@@ -106,7 +106,7 @@ def test_a_missing_configfile_exits_2(tmp_path, capsys):
 
 def test_verify_defaults_to_the_configs_store(tmp_path, config, capsys):
     path = write_config(tmp_path / "config.yaml", config)
-    model = configure(copy.deepcopy(config)).model
+    model = configure(copy.deepcopy(config)).plan.model
     model.directory.mkdir(parents=True)
     model.path("info").write_text("{}")
     manifest.write(model, model.manifest, [model.path("info")], {}, time.time())
@@ -114,7 +114,7 @@ def test_verify_defaults_to_the_configs_store(tmp_path, config, capsys):
     assert cli.main(["verify", "--configfile", str(path)]) == 1
     out = capsys.readouterr().out
     assert "verify: 1 checked, 0 corrupt" in out and f"MISSING {model.manifest}" not in out
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     assert all(f"MISSING {a.manifest}" in out for a in plan.built if a.stage != "model")
     model.path("info").write_text("{ }")
     assert cli.main(["verify", "--configfile", str(path), "--fix"]) == 1

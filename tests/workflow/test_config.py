@@ -444,7 +444,7 @@ def test_a_shared_source_is_accepted_when_each_dataset_says_it_is_meant(tmp_path
     config["datasets"]["warm"]["shared_source"] = True
     assert "shared_source: true" in configure_error(copy.deepcopy(config))  # chat does not say so
     config["datasets"]["chat"]["shared_source"] = True
-    plan = configure(config)
+    plan = configure(config).plan
     assert {"chat", "warm"} <= set(plan.responses)
     assert plan.responses["chat"].key != plan.responses["warm"].key
 
@@ -452,7 +452,7 @@ def test_a_shared_source_is_accepted_when_each_dataset_says_it_is_meant(tmp_path
 def test_a_disabled_duplicate_is_not_a_shared_source(tmp_path):
     config = stand_in_config(tmp_path)
     config["datasets"]["old"] = {**config["datasets"]["chat"], "enabled": False}
-    assert "old" not in configure(config).responses
+    assert "old" not in configure(config).plan.responses
 
 
 def test_the_same_file_read_for_other_prompts_is_not_a_shared_source(tmp_path):
@@ -462,7 +462,7 @@ def test_the_same_file_read_for_other_prompts_is_not_a_shared_source(tmp_path):
         "asked": {"path": str(both), "format": "prompt"},
         "other": {"path": str(both), "format": "prompt", "prompt_field": "question"},
     }
-    assert set(configure(config).responses) == {"asked", "other"}
+    assert set(configure(config).plan.responses) == {"asked", "other"}
 
 
 def test_command_line_values_are_read_as_yaml_and_merged_over_the_config():

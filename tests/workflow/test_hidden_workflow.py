@@ -39,7 +39,7 @@ def shard_files(hidden: Path) -> dict[str, tuple[int, int, bytes]]:
 
 
 def planned(config: dict):
-    return configure(copy.deepcopy(config))
+    return configure(copy.deepcopy(config)).plan
 
 
 def states_dir(config: dict) -> Path:

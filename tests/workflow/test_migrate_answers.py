@@ -42,7 +42,7 @@ def test_a_store_of_the_previous_commit_is_answered_without_a_request(tmp_path, 
     }
     config = workflow_config(tmp_path, demo_model_dir, sources)
     config["generation"]["max_new_tokens"] = 6
-    plan = configure(copy.deepcopy(config))
+    plan = configure(copy.deepcopy(config)).plan
     targets = [str(a.manifest) for a in plan.responses.values()]
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))

@@ -160,9 +160,11 @@ def optional_input(value: str | Sequence[str] | None) -> str | None:
 def from_snakemake(smk, stage: Callable[..., object]) -> None:
     """Run a stage's entry function for a Snakemake `script:` job, logging to the rule's log.
 
-    The function gets the validated config, the rule's named inputs and outputs, its
-    log file and its params; a stage that needs the job's thread count declares it as
-    a param (`threads=lambda wildcards, threads: threads`). A job that builds into the
+    The function gets the rule's named inputs and outputs, its log file and its params:
+    its stage's settings and planned artifact (`settings`, `artifact`, resolved once by
+    `workflow.configure`), and what else the rule hands it; a stage that needs the job's
+    thread count declares it as a param (`threads=lambda wildcards, threads: threads`).
+    The job still plans the raw config once, to refuse outputs an input changed under. A job that builds into the
     store holds its store lock (`store.lock`) and skips the work when another process
     finished it meanwhile.
     """
@@ -178,13 +180,15 @@ def from_snakemake(smk, stage: Callable[..., object]) -> None:
         if not needed:
             return
         check_planned(plan_for(smk.config), list(smk.output))
+        params = dict(smk.params.items())
+        if "settings" not in params:  # a stage not yet handed its settings
+            params["config"] = smk.config
         try:
             stage(
-                smk.config,
                 inputs=dict(smk.input.items()),
                 outputs=dict(smk.output.items()),
                 log_file=log_file,
-                **dict(smk.params.items()),
+                **params,
             )
         except Exception as exc:
             full = atomic.disk_full(smk.output[0], exc) if smk.output else None

@@ -15,17 +15,19 @@ from draftsmith.errors import DataError
 from draftsmith.formats.merged import held_out_ids
 from draftsmith.fsutil import atomic
 from draftsmith.store import manifest
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.target.load import model_info
+from draftsmith.vocab.settings import VocabSettings
 
 log = logging.getLogger(__name__)
 
 
-def vocab(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+def vocab(
+    settings: VocabSettings, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
     """Held-out samples (the split training validates on) do not count."""
     started = time.time()
-    artifact = plan_for(config).vocab
-    size, val_fraction = config["train"]["draft_vocab_size"], config["train"]["val_fraction"]
+    size, val_fraction = settings.draft_vocab_size, settings.val_fraction
     vocab_size = model_info(inputs["model"])["vocab_size"]
     merged = inputs["merged"]
     # Two passes: the split needs every id first, and counting must not hold the data.
