@@ -38,7 +38,10 @@ def configure(config: dict, source: str = "config") -> Settings:
     try:
         for check in checks:
             check(config)
-        stages = {"vocab": VocabSettings.of(config)}
+        # One line per stage: its settings, checked as they are built.
+        stages = {
+            "vocab": VocabSettings.of(config),
+        }
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     plan = plan_for(config)
