@@ -7,12 +7,7 @@
 
 import os
 
-from draftsmith.config import (
-    apply_command_line,
-    search_prompt_set,
-    served_search_settings,
-    stage_on,
-)
+from draftsmith.config import apply_command_line, stage_on
 from draftsmith.runtime.resources import (
     evaluate_gpus,
     hidden_gpus,
@@ -35,7 +30,9 @@ if not workflow.overwrite_configfiles:
 
 # Values given with `--config` mean what they would in a config file (nested ones included).
 apply_command_line(config, workflow.config_settings.config_args)
-SETTINGS = configure(config, source=", ".join(map(str, workflow.configfiles)) or "config")
+SETTINGS = configure(
+    config, source=", ".join(map(str, workflow.configfiles)) or "config"
+)
 PLAN = SETTINGS.plan
 LOGS = config["logs_dir"]
 

@@ -24,6 +24,7 @@ from train_throughput import SHAPES  # this folder's draft-training bench
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.responses.hf import ATTENTION, generate_ids
+from draftsmith.responses.settings import Sampling
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB, ROPE_THETA = SHAPES["demo"]
 # SmolLM2-135M-Instruct's config.json: the shapes above, 30 layers, tied embeddings.
@@ -49,11 +50,11 @@ def random_prompts(count: int, shortest: int, longest: int, vocab: int, seed: in
 def time_batch(
     model, prompts: list[list[int]], new_tokens: int, device: torch.device, attention: str
 ) -> tuple[float, int]:
-    generation = {"max_new_tokens": new_tokens, "temperature": 0.0, "top_p": 1.0}
+    greedy = Sampling(max_new_tokens=new_tokens, temperature=0.0, top_p=1.0, seed=0)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    out = generate_ids(model, prompts, pad_id=0, stop_ids=[2], generation=generation, attention=attention)
+    out = generate_ids(model, prompts, pad_id=0, stop_ids=[2], sampling=greedy, attention=attention)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started

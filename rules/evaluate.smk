@@ -27,5 +27,9 @@ rule evaluate:
     resources:
         mem_mb=4000,
         gpu=evaluate_gpus(config),
+    params:
+        settings=SETTINGS.evaluate,
+        artifact=PLAN.evaluate,
+        export=PLAN.export,  # the recommended launch names its sglang/ directory
     script:
         "../scripts/evaluate.py"

@@ -20,5 +20,8 @@ rule export:
         "../envs/gpu.yaml"
     resources:
         mem_mb=4000,
+    params:
+        settings=SETTINGS.export,
+        artifact=PLAN.export,
     script:
         "../scripts/export.py"

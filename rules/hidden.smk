@@ -23,6 +23,11 @@ checkpoint hidden_assign:
         "../envs/data.yaml"
     resources:
         mem_mb=2000,
+    params:
+        settings=SETTINGS.hidden,
+        artifact=PLAN.hidden,
+        states=PLAN.states,
+        root=PLAN.root,
     script:
         "../scripts/hidden_assign.py"
 
@@ -42,6 +47,9 @@ rule hidden_estimate:
         f"benchmarks/hidden_estimate/{PLAN.hidden.key}.tsv"
     conda:
         "../envs/data.yaml"
+    params:
+        settings=SETTINGS.hidden,
+        artifact=PLAN.states,
     script:
         "../scripts/hidden_estimate.py"
 
@@ -70,6 +78,8 @@ rule hidden_shard:
         mem_mb=8000,
         gpu=hidden_gpus(config),
     params:
+        settings=SETTINGS.hidden,
+        artifact=PLAN.states,
         shard=lambda w: w.shard,
     script:
         "../scripts/hidden_shard.py"

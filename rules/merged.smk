@@ -19,6 +19,7 @@ rule merged:
     resources:
         mem_mb=2000,
     params:
-        datasets=PLAN.merged_datasets,
+        settings=SETTINGS.merged,
+        artifact=PLAN.merged,
     script:
         "../scripts/merged.py"

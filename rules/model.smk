@@ -9,7 +9,7 @@ rule model:
         **built({"info": MODEL_INFO, "manifest": str(PLAN.model.manifest)}),
         hf=(
             update(directory(str(PLAN.model.path("hf"))))
-            if config["model"]["source"]["kind"] != "hf_dir"
+            if SETTINGS.model.source.kind != "hf_dir"
             else []
         ),
     log:
@@ -20,5 +20,8 @@ rule model:
         "../envs/data.yaml"
     resources:
         mem_mb=4000,
+    params:
+        settings=SETTINGS.model,
+        artifact=PLAN.model,
     script:
         "../scripts/model.py"

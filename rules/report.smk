@@ -78,6 +78,8 @@ rule report:
         "../envs/data.yaml"
     resources:
         mem_mb=1000,
+    params:
+        settings=SETTINGS.report,
     script:
         "../scripts/report.py"
 

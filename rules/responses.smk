@@ -22,6 +22,8 @@ rule responses:
         mem_mb=4000,
         gpu=lambda w: responses_gpus(config, dataset_backend(w)),
     params:
-        dataset=lambda w: w.dataset,
+        settings=lambda w: SETTINGS.responses[w.dataset],
+        artifact=lambda w: planned("responses", w),
+        answer_store=lambda w: str(PLAN.answers[w.dataset]),
     script:
         "../scripts/responses.py"

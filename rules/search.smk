@@ -5,6 +5,17 @@
 # Logic: src/draftsmith/search/.
 
 
+def search_settings(_wildcards):
+    """The search's settings. A config that turns the search off resolves none (nor checks
+    them), so asking for the rule then is refused here, before a job starts."""
+    if SETTINGS.search is None:
+        raise ValueError(
+            "the settings search is off in this config (search.enabled or evaluate.enabled "
+            "is false): turn it on to run rule search"
+        )
+    return SETTINGS.search
+
+
 rule search:
     input:
         **by_content(
@@ -14,7 +25,9 @@ rule search:
             export_record=str(PLAN.export.path("sglang_record")),
             merged=MERGED,
             responses=MERGED_RESPONSES,
-            prompt_set=prompt_set_paths(search_prompt_set(config)),
+            prompt_set=existing(
+                [SETTINGS.search.prompt_set.path] if SETTINGS.search else []
+            ),
         ),
     output:
         **built(PLAN.search.outputs),
@@ -29,5 +42,10 @@ rule search:
         mem_mb=4000,
         # It decodes where the evaluator does (evaluate.device).
         gpu=evaluate_gpus(config),
+    params:
+        settings=search_settings,
+        artifact=PLAN.search,
+        evaluate=SETTINGS.evaluate,  # the search decodes as the evaluator does
+        export=PLAN.export,  # the recommended launch names its sglang/ directory
     script:
         "../scripts/search.py"

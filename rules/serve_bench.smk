@@ -4,18 +4,31 @@
 # and refusals: src/draftsmith/serve_bench/.
 
 
+def serve_bench_settings(_wildcards):
+    """The benchmark's settings. A config that turns it off resolves none (nor checks them),
+    so asking for the rule then is refused here, before a job starts."""
+    if SETTINGS.serve_bench is None:
+        raise ValueError(
+            "the serving benchmark is off in this config (serve_benchmark.enabled is false): "
+            "turn it on to run rule serve_bench"
+        )
+    return SETTINGS.serve_bench
+
+
 rule serve_bench:
     input:
         **by_content(
             model=MODEL_INFO,
             draft_config=str(PLAN.export.path("sglang_config")),
             draft_weights=str(PLAN.export.path("sglang_weights")),
-            prompts=prompt_set_paths(config["serve_benchmark"]["prompt_set"]),
+            prompts=existing(
+                [SETTINGS.serve_bench.prompt_set.path] if SETTINGS.serve_bench else []
+            ),
             merged=MERGED,
             responses=MERGED_RESPONSES,
             search=(
                 [str(PLAN.search.path("json"))]
-                if served_search_settings(config)
+                if SETTINGS.serve_bench and SETTINGS.serve_bench.search_settings
                 else []
             ),
         ),
@@ -31,5 +44,8 @@ rule serve_bench:
     resources:
         mem_mb=16000,
         gpu=serve_bench_gpus(config),
+    params:
+        settings=serve_bench_settings,
+        artifact=PLAN.serve_bench,
     script:
         "../scripts/serve_bench.py"

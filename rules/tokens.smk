@@ -21,7 +21,8 @@ rule tokens:
     resources:
         mem_mb=2000,
     params:
-        dataset=lambda w: w.dataset,
+        settings=lambda w: SETTINGS.tokens[w.dataset],
+        artifact=lambda w: planned("tokens", w),
         workers=lambda wildcards, threads: threads,
     script:
         "../scripts/tokens.py"

@@ -32,6 +32,9 @@ rule train_segment:
         mem_mb=8000,
         gpu=train_gpus(config),
     params:
+        settings=SETTINGS.train,
+        artifact=PLAN.train,
+        states=PLAN.states,
         segment=lambda w: int(w.segment),
         threads=lambda wildcards, threads: threads,
     script:
@@ -56,5 +59,8 @@ rule train:
         "../envs/gpu.yaml"
     resources:
         mem_mb=4000,
+    params:
+        settings=SETTINGS.train,
+        artifact=PLAN.train,
     script:
         "../scripts/train.py"

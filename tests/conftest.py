@@ -60,6 +60,7 @@ def demo_model_dir(tmp_path_factory) -> Path:
     (`DRAFTSMITH_TEST_MODEL_DIR` names another converted copy)."""
     import fcntl
 
+    from draftsmith.model.settings import ModelSource
     from draftsmith.model.source import convert_gguf, fetch_gguf
 
     cached = Path(os.environ.get("DRAFTSMITH_TEST_MODEL_DIR") or demo_model_cache())
@@ -70,7 +71,8 @@ def demo_model_dir(tmp_path_factory) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (cached / "config.json").exists():
             work = tmp_path_factory.mktemp("demo-model")
-            convert_gguf(fetch_gguf(DEMO_SOURCE, work), cached, "float32")  # atomic: never half a model
+            source = ModelSource.of(DEMO_SOURCE)
+            convert_gguf(fetch_gguf(source, work), cached, "float32")  # atomic: never half a model
     return cached
 
 
@@ -103,18 +105,19 @@ def copied_pipeline(built: tuple[Path, dict], to: Path) -> tuple[Path, dict]:
     return to, dict(config, artifacts_dir=str(to / Path(config["artifacts_dir"]).relative_to(work)))
 
 
-def openai_cfg(url: str, **overrides) -> dict:
-    """The schema's defaults for generation.openai, as config loading fills them in, with
-    fast retries for the fault proxy."""
+def openai_cfg(url: str, **overrides):
+    """generation.openai's settings from the schema's defaults, as config loading fills them
+    in, with fast retries for the fault proxy."""
     import copy
 
     from draftsmith.config import load_schema
+    from draftsmith.responses.settings import OpenAIGeneration
 
     props = load_schema()["properties"]["generation"]["properties"]["openai"]["properties"]
     cfg = {name: copy.deepcopy(spec["default"]) for name, spec in props.items()}
     cfg.update(base_url=url, backoff_s=0.01, max_backoff_s=0.05, timeout_s=5)
     cfg.update(overrides)
-    return cfg
+    return OpenAIGeneration.of(cfg)
 
 
 @pytest.fixture(scope="session")

@@ -102,44 +102,11 @@ def validate(config: dict, source: str = "config") -> dict:
 
 
 def _check_references(config: dict, source: str) -> None:
-    names = set(config["datasets"])
-    merge = config["merge"]
-    for field, listed in (("merge.exclude", merge["exclude"]), ("merge.caps", merge["caps"])):
-        unknown = sorted(set(listed) - names)
-        if unknown:
-            raise ConfigError(f"{source}: {field}: unknown dataset(s) {unknown} (known: {sorted(names)})")
-    if not enabled_datasets(config, merged_only=True):
-        raise ConfigError(f"{source}: no dataset is both enabled and not excluded from the merge")
-    _check_train(config, source)
     if stage_on(config, "evaluate") and not config["evaluate"]["prompt_sets"]:
         raise ConfigError(
             f"{source}: evaluate.prompt_sets: empty while evaluate.enabled is true; name at least one "
             "held-out prompt set, or set evaluate.enabled: false"
         )
-
-
-def _check_train(config: dict, source: str) -> None:
-    train, max_length = config["train"], config["tokenize"]["max_length"]
-    problems = []
-    if train["grad_accum"] % train["gpus"]:
-        problems.append(
-            f"train.grad_accum ({train['grad_accum']}) must be a multiple of train.gpus ({train['gpus']}): "
-            "each process takes an equal share of every step's micro-batches"
-        )
-    if train["batch_tokens"] < max_length:
-        problems.append(
-            f"train.batch_tokens ({train['batch_tokens']}) is below tokenize.max_length ({max_length}): "
-            "the longest sample would not fit a micro-batch"
-        )
-    if train["max_position_embeddings"] < max_length:
-        problems.append(
-            f"train.max_position_embeddings ({train['max_position_embeddings']}) is below "
-            f"tokenize.max_length ({max_length}): the draft must cover the context it is served at"
-        )
-    if train["warmup_steps"] > train["total_steps"]:
-        problems.append(f"train.warmup_steps ({train['warmup_steps']}) exceeds train.total_steps")
-    if problems:
-        raise ConfigError(f"{source}: " + "; ".join(problems))
 
 
 def read(path: str | Path) -> dict:

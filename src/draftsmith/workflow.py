@@ -10,14 +10,23 @@ its stage's settings and its planned `Artifact` as params; no job re-reads the r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
-from draftsmith.evaluate.settings import check_config as check_evaluate
-from draftsmith.search.grid import check_config as check_search
-from draftsmith.serve_bench.command import check_config as check_serve_bench
+from draftsmith.evaluate.settings import EvaluateSettings
+from draftsmith.export.settings import ExportSettings
+from draftsmith.hidden.settings import HiddenSettings
+from draftsmith.merged.settings import MergedSettings
+from draftsmith.model.settings import ModelSettings
+from draftsmith.report.settings import ReportSettings
+from draftsmith.responses.settings import ResponsesSettings
+from draftsmith.search.settings import SearchSettings
+from draftsmith.serve_bench.settings import ServeBenchSettings
 from draftsmith.store.plan import Plan, plan_for
+from draftsmith.tokens.settings import TokensSettings
+from draftsmith.train.settings import TrainSettings
 from draftsmith.vocab.settings import VocabSettings
 
 
@@ -26,21 +35,38 @@ class Settings:
     """A validated config, resolved: its artifact plan and each stage's settings."""
 
     plan: Plan
+    model: ModelSettings
+    responses: Mapping[str, ResponsesSettings]  # by generated dataset
+    tokens: Mapping[str, TokensSettings]  # by generated dataset
+    merged: MergedSettings
     vocab: VocabSettings
+    hidden: HiddenSettings
+    train: TrainSettings
+    export: ExportSettings
+    evaluate: EvaluateSettings | None  # None: evaluate.enabled is false
+    search: SearchSettings | None  # None: the search is off (`config.stage_on`)
+    serve_bench: ServeBenchSettings | None  # None: serve_benchmark.enabled is false
+    report: ReportSettings
 
 
 def configure(config: dict, source: str = "config") -> Settings:
     """Validate `config` in place (defaults filled in) and resolve it: plan and settings."""
     cfg.validate(config, source)
-    checks = [check_evaluate]
-    checks += [check_search] if cfg.stage_on(config, "search") else []
-    checks += [check_serve_bench] if cfg.stage_on(config, "serve_bench") else []
     try:
-        for check in checks:
-            check(config)
         # One line per stage: its settings, checked as they are built.
         stages = {
+            "model": ModelSettings.of(config),
+            "responses": ResponsesSettings.per_dataset(config),
+            "tokens": TokensSettings.per_dataset(config),
+            "merged": MergedSettings.of(config),
             "vocab": VocabSettings.of(config),
+            "hidden": HiddenSettings.of(config),
+            "train": TrainSettings.of(config),
+            "export": ExportSettings.of(config),
+            "evaluate": EvaluateSettings.of(config) if cfg.stage_on(config, "evaluate") else None,
+            "search": SearchSettings.of(config) if cfg.stage_on(config, "search") else None,
+            "serve_bench": ServeBenchSettings.of(config) if cfg.stage_on(config, "serve_bench") else None,
+            "report": ReportSettings.of(config),
         }
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None

@@ -49,6 +49,7 @@ from draftsmith.store.plan import plan_for
 from draftsmith.target import load as target
 from draftsmith.target import special_tokens
 from draftsmith.target.layers import AuxLayers
+from draftsmith.workflow import configure
 
 REPO = Path(__file__).resolve().parents[2]
 # The first makes the target repeat ", hello": with a two-token draft vocabulary of
@@ -58,12 +59,7 @@ PROMPTS = ["Repeat the word hello ten times.", "Name three colours of the rainbo
 REPEATED = [28, 33662]  # "," and " hello" in the demo vocabulary
 MAX_NEW = 20
 TREE = {"num_steps": 2, "topk": 2, "num_draft_tokens": 4}  # topk <= the exported draft's 2 tokens
-MODEL_CFG = {
-    "trust_remote_code": False,
-    "probe_generation": False,
-    "end_of_turn_ids": None,
-    "dtype": "float32",
-}
+MODEL_CFG = {"dtype": "float32", "trust_remote_code": False, "probe_generation": False}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +69,7 @@ def model(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def model_info(demo_model_dir) -> dict:
-    return describe(demo_model_dir, MODEL_CFG)
+    return describe(demo_model_dir, **MODEL_CFG)
 
 
 @pytest.fixture(scope="module")
@@ -344,17 +340,6 @@ def test_broken_tree_verification_is_caught_with_the_tree_named(
     assert f"position {at}: greedy {greedy_outputs[1][at]}, speculative {broken.tokens[at]}" in message
 
 
-def _minimal_config(**evaluate) -> dict:
-    return cfg.validate(
-        {
-            "experiment": "x",
-            "model": {"source": {"kind": "gguf", "path": "m.gguf"}},
-            "datasets": {"a": {"path": "a.jsonl", "format": "prompt"}},
-            "evaluate": {"enabled": False, **evaluate},
-        }
-    )
-
-
 @pytest.mark.parametrize(
     ("tree_speedups", "setting", "flags"),
     [
@@ -373,8 +358,7 @@ def test_recommended_is_the_best_mean_speedup_with_its_sglang_flags(tree_speedup
         section, key = section_key(measured)
         for name, entry in prompt_sets.items():
             entry[section][key] = {"speedup": speedups[name][measured.label]}
-    config = _minimal_config()
-    launches = {measured: sglang_launch(config, measured) for measured in settings.measured}
+    launches = {measured: sglang_launch(measured, 8192) for measured in settings.measured}
     placeholders = {"TARGET_MODEL": "/models/target", "DRAFT_DIR": "artifacts/export/0123/sglang"}
     recommended = recommend(prompt_sets, launches, placeholders)
     means = {label: (speedups["a"][label] + speedups["b"][label]) / 2 for label in speedups["a"]}
@@ -388,6 +372,7 @@ def test_recommended_is_the_best_mean_speedup_with_its_sglang_flags(tree_speedup
     assert [recommended[key] for key in ("num_steps", "topk", "num_draft_tokens")] == [int(f) for f in flags]
     command = recommended["command"]
     assert command.startswith('python3 -m sglang.launch_server --model-path "$TARGET_MODEL" ')
+    assert " --tp-size 1 --context-length 8192 --speculative-algorithm " in command
     assert '--speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT_DIR" ' in command
     assert command.endswith(" ".join(expected[2:]))
     assert recommended["placeholders"] == placeholders
@@ -511,11 +496,17 @@ def _stage_setup(
     return config, inputs, outputs
 
 
+def run_evaluate(config: dict, inputs: dict, outputs: dict) -> dict:
+    """Rule `evaluate`'s job on `config` as the workflow hands it its settings and artifacts."""
+    resolved = configure(config)
+    return evaluate(resolved.evaluate, resolved.plan.evaluate, inputs, outputs, export=resolved.plan.export)
+
+
 def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info, export_dir):
     config, inputs, outputs = _stage_setup(
         tmp_path, demo_model_dir, model_info, export_dir, ["How do tides work?"]
     )
-    evaluate(config, inputs, outputs)
+    run_evaluate(config, inputs, outputs)
     bench = json.loads(Path(outputs["json"]).read_text())
     assert set(bench) == {
         "key",
@@ -627,7 +618,7 @@ def test_stage_reports_acceptance_by_prompt_length(tmp_path, demo_model_dir, mod
         prompts=[*PROMPTS, LONG_PROMPT],
         length_buckets=[16, 64],
     )
-    bench = evaluate(config, inputs, outputs)
+    bench = run_evaluate(config, inputs, outputs)
     rows = list(atomic.read_jsonl(outputs["per_prompt"]))
     lengths = sorted(r["prompt_tokens"] for r in rows if r["setting"] == "baseline")
     assert 16 <= lengths[0] <= lengths[1] < 64 <= lengths[2]  # "<16" holds no prompt
@@ -664,7 +655,7 @@ def test_stage_refuses_an_overlapping_set_before_writing(tmp_path, demo_model_di
         tmp_path, demo_model_dir, model_info, export_dir, ["repeat the word HELLO ten times."]
     )
     with pytest.raises(OverlapError, match="chat-000000"):
-        evaluate(config, inputs, outputs)
+        run_evaluate(config, inputs, outputs)
     assert not Path(outputs["json"]).parent.exists()
 
 

@@ -115,8 +115,9 @@ def test_estimate_bytes_by_mode(tmp_path):
         "to_extract": {"shard-a": {"samples": 2, "tokens": 600}, "shard-b": {"samples": 1, "tokens": 400}},
         "extract_tokens": 1000,
     }
-    extract_cfg = {"storage": "raw", "throughput_tok_s": 100.0}
-    report = estimate.estimate(assignment, 4096, "bfloat16", extract_cfg, tmp_path)
+    report = estimate.estimate(
+        assignment, 4096, "bfloat16", tmp_path, storage_mode="raw", throughput_tok_s=100.0
+    )
     raw = report["bytes_by_mode"]["raw"]
     assert raw >= 1000 * 4 * 4096 * 2  # 3 aux + final states, bf16
     assert report["bytes_by_mode"]["fp8"] < 0.55 * raw and report["bytes_by_mode"]["zstd"] < raw

@@ -18,7 +18,8 @@ from conftest import sglang_server_args
 from packaging.version import Version
 
 from draftsmith import config
-from draftsmith.errors import DraftsmithError, ModelError
+from draftsmith.errors import ConfigError, DraftsmithError, ModelError
+from draftsmith.hidden.settings import HiddenSettings
 from draftsmith.hidden.sglang import (
     SGLangCapture,
     build_generate_request,
@@ -28,6 +29,7 @@ from draftsmith.hidden.sglang import (
 from draftsmith.hidden.sglang_launch import (
     CaptureError,
     CaptureMode,
+    CaptureServer,
     build_capture_command,
     check_draft_config,
     validate_capture_command,
@@ -50,8 +52,9 @@ KIMI = {
 }
 
 
-def launch(**settings) -> dict:
-    """extract.sglang as the workflow passes it: validated, the schema's defaults filled in."""
+def launch(**settings) -> CaptureServer:
+    """extract.sglang as the workflow passes it: validated (the schema's defaults filled in)
+    and checked (`HiddenSettings.of`)."""
     raw = {
         "experiment": "t",
         "model": {"source": {"kind": "hf_dir", "path": "unused"}},
@@ -59,7 +62,7 @@ def launch(**settings) -> dict:
         "extract": {"backend": "sglang", "sglang": settings},
         "evaluate": {"enabled": False},
     }
-    return config.validate(raw)["extract"]["sglang"]
+    return HiddenSettings.of(config.validate(raw)).sglang
 
 
 def _model(tmp_path: Path, config: dict, name: str = "target") -> Path:
@@ -139,10 +142,11 @@ def test_deepseek_family_refuses_custom_layers_sglang_would_misread(tmp_path):
         (["--enable-return-hidden-states"], "duplicates --enable-return-hidden-states"),
     ],
 )
-def test_extra_args_that_would_change_the_capture_are_refused(llama, extra, message):
-    with pytest.raises(CaptureError, match=message) as info:
-        build_capture_command(llama, launch(extra_args=extra), AuxLayers.default(30))
-    assert isinstance(info.value, DraftsmithError)
+def test_extra_args_that_would_change_the_capture_are_refused(extra, message):
+    """Refused when the settings are built, naming the key: before any job runs."""
+    with pytest.raises(ConfigError, match=message) as info:
+        launch(extra_args=extra)
+    assert "extract.sglang.extra_args" in str(info.value) and isinstance(info.value, DraftsmithError)
 
 
 def test_target_must_match_the_layers(tmp_path, llama):

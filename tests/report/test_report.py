@@ -29,6 +29,7 @@ from draftsmith.fsutil import atomic
 from draftsmith.hidden import estimate
 from draftsmith.merged import data_report as report
 from draftsmith.report import plots
+from draftsmith.report.settings import ReportSettings
 from draftsmith.report.stage import report as build_report
 from draftsmith.report.summary import benchmark_markdown
 from draftsmith.report.workflow import report_command
@@ -191,8 +192,7 @@ def fixture_estimate() -> dict:
         },
         "extract_tokens": 2048,
     }
-    extract = {"storage": "raw", "throughput_tok_s": None}
-    return estimate.estimate(assignment, 64, "float32", extract, Path("."))
+    return estimate.estimate(assignment, 64, "float32", Path("."), storage_mode="raw", throughput_tok_s=None)
 
 
 def fixture_metrics(segments: int = 2, steps: int = 4, positions: int = 3) -> list[list[dict]]:
@@ -454,7 +454,7 @@ def test_html_pages_render_the_report_tables():
 def test_build_report_writes_every_output(tmp_path):
     inputs = write_inputs(tmp_path / "in", fixture_benchmark(), fixture_data_report())
     outputs = rule_outputs(tmp_path / "results")
-    result = build_report({"experiment": "test"}, inputs, outputs)
+    result = build_report(ReportSettings(experiment="test"), inputs, outputs)
     assert result["lossless"] is True
     for path in outputs.values():
         assert Path(path).stat().st_size > 0, path
@@ -473,7 +473,7 @@ def test_report_without_built_in_evaluation_shows_the_serving_benchmark(tmp_path
     serving.write_text("# Serving benchmark\n\n| k | acceptance length |\n|---|---|\n| 3 | 2.87 |\n")
     inputs["serve_benchmark"] = [str(serving)]
     outputs = rule_outputs(tmp_path / "results")
-    result = build_report({"experiment": "test"}, inputs, outputs)
+    result = build_report(ReportSettings(experiment="test"), inputs, outputs)
     assert result["lossless"] is None
     for path in outputs.values():
         assert Path(path).stat().st_size > 0, path

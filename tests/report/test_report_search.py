@@ -9,6 +9,7 @@ from pathlib import Path
 from report.test_report import fixture_benchmark, fixture_data_report, rule_outputs, write_inputs
 from search.test_summary import COMMAND, fixture_search, verdict
 
+from draftsmith.report.settings import ReportSettings
 from draftsmith.report.stage import report as build_report
 
 
@@ -25,7 +26,7 @@ def _report(tmp_path: Path, serving: dict | None) -> str:
         md.write_text("# Serving benchmark: test\n")
         inputs |= {"serve_benchmark": [str(md)], "serve_benchmark_json": [str(served)]}
     outputs = rule_outputs(tmp_path / "results")
-    build_report({"experiment": "test"}, inputs, outputs)
+    build_report(ReportSettings(experiment="test"), inputs, outputs)
     assert "Settings search" in Path(outputs["summary_html"]).read_text()
     return Path(outputs["summary"]).read_text()
 

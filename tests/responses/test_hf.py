@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 from draftsmith.responses import decode_attention
 from draftsmith.responses.hf import ATTENTION, attention_setting, generate_ids
+from draftsmith.responses.settings import Sampling
 from draftsmith.target import load as target
 
-GENERATION = {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0}
+GENERATION = Sampling(max_new_tokens=12, temperature=0.0, top_p=1.0, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_every_attention_choice_gives_the_same_greedy_ids(model_and_prompts):
     outputs = {}
     for attention in ATTENTION:
         outputs[attention] = generate_ids(model, prompts, 2, [2], GENERATION, attention)
-    assert all(len(row) == GENERATION["max_new_tokens"] or 2 in row for row in outputs["sdpa"])
+    assert all(len(row) == GENERATION.max_new_tokens or 2 in row for row in outputs["sdpa"])
     assert outputs["sdpa"] == outputs["sdpa_no_cudnn"] == outputs["grouped_decode"]
     # Padding does not change a row: the short prompt alone gives the same ids.
     alone = generate_ids(model, prompts[:1], 2, [2], GENERATION)[0]

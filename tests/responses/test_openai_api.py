@@ -20,8 +20,9 @@ from draftsmith.errors import BudgetReached, GenerationError
 from draftsmith.formats.datasets.rows import Prompt
 from draftsmith.formats.responses import Usage
 from draftsmith.responses.openai_api import OpenAIBackend, parse_retry_after, redact
+from draftsmith.responses.settings import Sampling
 
-GENERATION = {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}
+GENERATION = Sampling(max_new_tokens=16, temperature=0.0, top_p=1.0, seed=0)
 
 
 def prompts(*texts: str) -> list[Prompt]:
@@ -312,7 +313,7 @@ def _check_real(records: list[dict]) -> None:
         assert record["response"].strip()
         assert record["finish_reason"] in ("stop", "length")
         assert record["usage"]["prompt_tokens"] > 0
-        assert 0 < record["usage"]["completion_tokens"] <= GENERATION["max_new_tokens"]
+        assert 0 < record["usage"]["completion_tokens"] <= GENERATION.max_new_tokens
 
 
 @pytest.mark.slow

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import sglang_server_args
+from conftest import openai_cfg, sglang_server_args
 
 from draftsmith.errors import DraftsmithError, GenerationError
 from draftsmith.formats.responses import Usage
+from draftsmith.responses.settings import Sampling, SGLangServer
 from draftsmith.responses.sglang import SGLangBackend, build_launch_command, server_url
 from draftsmith.runtime.process import free_port
 from draftsmith.runtime.sglang import SGLangConfigError
@@ -36,15 +37,23 @@ def _cfg(**overrides) -> dict:
     return {**cfg, **overrides}
 
 
+def _server(**overrides) -> SGLangServer:
+    """generation.sglang's settings, as `workflow.configure` builds them (extra args refused)."""
+    return SGLangServer.of(_cfg(**overrides))
+
+
+SAMPLING = Sampling(max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0)
+
+
 def test_minimal_command():
-    assert build_launch_command(MODEL, _cfg()) == [
+    assert build_launch_command(MODEL, _server()) == [
         "python3", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "127.0.0.1", "--port", "30000", "--tp-size", "1",
     ]  # fmt: skip
 
 
 def test_optional_flags_then_extra_args_in_order():
-    cfg = _cfg(
+    server = _server(
         python="/opt/venv/bin/python",
         host="0.0.0.0",
         port=31000,
@@ -53,7 +62,7 @@ def test_optional_flags_then_extra_args_in_order():
         context_length=8192,
         extra_args=["--disable-radix-cache", "--chunked-prefill-size", "-1", "--dtype=bfloat16"],
     )
-    assert build_launch_command(MODEL, cfg) == [
+    assert build_launch_command(MODEL, server) == [
         "/opt/venv/bin/python", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "0.0.0.0", "--port", "31000", "--tp-size", "8",
         "--mem-fraction-static", "0.85", "--context-length", "8192",
@@ -64,8 +73,8 @@ def test_optional_flags_then_extra_args_in_order():
 def test_sglang_parses_the_command():
     """SGLang's own parser reads the generation server's command as built, extra args included."""
     extra = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--dtype=bfloat16"]
-    cfg = _cfg(port=31000, tp_size=2, mem_fraction_static=0.85, context_length=8192, extra_args=extra)
-    args = sglang_server_args().prepare_server_args(build_launch_command(MODEL, cfg)[3:])
+    server = _server(port=31000, tp_size=2, mem_fraction_static=0.85, context_length=8192, extra_args=extra)
+    args = sglang_server_args().prepare_server_args(build_launch_command(MODEL, server)[3:])
     assert (args.model_path, args.host, args.port, args.tp_size) == (MODEL, "127.0.0.1", 31000, 2)
     assert (args.mem_fraction_static, args.context_length, args.dtype) == (0.85, 8192, "bfloat16")
     assert args.disable_radix_cache and args.chunked_prefill_size == -1
@@ -88,7 +97,7 @@ def test_sglang_parses_the_command():
 )
 def test_rejects_extra_args_that_duplicate_builder_flags(extra, hint):
     with pytest.raises(SGLangConfigError, match="duplicates") as err:
-        build_launch_command(MODEL, _cfg(extra_args=["--disable-cuda-graph", *extra]))
+        _server(extra_args=["--disable-cuda-graph", *extra])
     assert hint in str(err.value)
     assert isinstance(err.value, ValueError) and isinstance(err.value, DraftsmithError)
 
@@ -103,7 +112,7 @@ def test_rejects_extra_args_that_duplicate_builder_flags(extra, hint):
 )
 def test_rejects_speculative_flags(extra):
     with pytest.raises(SGLangConfigError, match="plain target"):
-        build_launch_command(MODEL, _cfg(extra_args=extra))
+        _server(extra_args=extra)
 
 
 @pytest.mark.parametrize(
@@ -119,12 +128,7 @@ def test_rejects_what_every_launch_refuses(extra, message):
     """A config file could switch speculation on unseen: generation refuses it as capture and
     serving do."""
     with pytest.raises(SGLangConfigError, match=f"generation.sglang.extra_args: {message}"):
-        build_launch_command(MODEL, _cfg(extra_args=extra))
-
-
-def test_backend_checks_the_command_before_any_work(tmp_path):
-    with pytest.raises(SGLangConfigError):
-        SGLangBackend("ds", MODEL, _cfg(extra_args=["--port", "1"]), {}, {}, tmp_path / "log")
+        _server(extra_args=extra)
 
 
 def test_server_url_reaches_wildcard_hosts_over_loopback():
@@ -187,11 +191,11 @@ def test_backend_runs_generation_inside_the_server_and_tears_it_down(tmp_path, m
     seen: dict = {}
 
     class StubOpenAIBackend:  # the delegate's own behaviour is tested elsewhere
-        def __init__(self, dataset, openai_cfg, generation, served_model):
-            seen.update(dataset=dataset, cfg=openai_cfg, generation=generation, model=served_model)
+        def __init__(self, dataset, openai, sampling, served_model):
+            seen.update(dataset=dataset, cfg=openai, sampling=sampling, model=served_model)
 
         def generate(self, prompts, emit, spent):
-            url = seen["cfg"]["base_url"].removesuffix("/v1") + "/health"
+            url = seen["cfg"].base_url.removesuffix("/v1") + "/health"
             seen["health"] = httpx.get(url, trust_env=False).status_code
             seen["running"] = running_with(str(fake))
             if fails:
@@ -202,10 +206,10 @@ def test_backend_runs_generation_inside_the_server_and_tears_it_down(tmp_path, m
     stub.OpenAIBackend = StubOpenAIBackend
     monkeypatch.setitem(sys.modules, "draftsmith.responses.openai_api", stub)
 
-    cfg = _cfg(python=str(fake), port=port, startup_timeout_s=30)
-    openai_cfg = {"base_url": "https://paid.example/v1", "model": "paid", "api_key_env": "KEY"}
+    server = _server(python=str(fake), port=port, startup_timeout_s=30)
+    paid = openai_cfg("https://paid.example/v1", model="paid", api_key_env="KEY")
     log_path = tmp_path / "logs" / "sglang.log"
-    backend = SGLangBackend("ds", MODEL, cfg, openai_cfg, {"max_new_tokens": 8}, log_path)
+    backend = SGLangBackend("ds", MODEL, server, paid, SAMPLING, log_path)
     emitted: list[dict] = []
     if fails:
         with pytest.raises(GenerationError, match="upstream failed"):
@@ -218,8 +222,12 @@ def test_backend_runs_generation_inside_the_server_and_tears_it_down(tmp_path, m
     assert len(seen["running"]) == 3  # guard, server, worker
     assert running_with(str(fake)) == []
     assert seen["model"] == MODEL and seen["dataset"] == "ds"
-    assert seen["cfg"] == {"base_url": f"http://127.0.0.1:{port}/v1", "model": None,
-                           "api_key_env": None}  # fmt: skip
+    assert (seen["cfg"].base_url, seen["cfg"].model, seen["cfg"].api_key_env) == (
+        f"http://127.0.0.1:{port}/v1",
+        None,
+        None,
+    )
+    assert seen["cfg"].concurrency == paid.concurrency and seen["sampling"] == SAMPLING
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[:4] == ["-m", "sglang.launch_server", "--model-path", MODEL]
     assert "fake sglang: ready" in log_path.read_text()
@@ -232,7 +240,7 @@ def test_a_held_backend_keeps_one_server_for_every_round(tmp_path, monkeypatch):
     fake.chmod(0o755)
 
     class StubOpenAIBackend:  # the delegate's own behaviour is tested elsewhere
-        def __init__(self, dataset, openai_cfg, generation, served_model):
+        def __init__(self, dataset, openai, sampling, served_model):
             pass
 
         def generate(self, prompts, emit, spent):
@@ -241,8 +249,10 @@ def test_a_held_backend_keeps_one_server_for_every_round(tmp_path, monkeypatch):
     stub = types.ModuleType("draftsmith.responses.openai_api")
     stub.OpenAIBackend = StubOpenAIBackend
     monkeypatch.setitem(sys.modules, "draftsmith.responses.openai_api", stub)
-    cfg = _cfg(python=str(fake), port=free_port(), startup_timeout_s=30)
-    backend = SGLangBackend("ds", MODEL, cfg, {}, {"max_new_tokens": 8}, tmp_path / "sglang.log")
+    server = _server(python=str(fake), port=free_port(), startup_timeout_s=30)
+    backend = SGLangBackend(
+        "ds", MODEL, server, openai_cfg("http://unused"), SAMPLING, tmp_path / "sglang.log"
+    )
     emitted: list[dict] = []
     with backend:
         for prompt in ("p0", "p1", "p2"):

@@ -15,13 +15,14 @@ from draftsmith.model.stage import describe
 from draftsmith.responses import stage, turns
 from draftsmith.responses.hf import HFBackend, split_tool_calls
 from draftsmith.responses.openai_api import OpenAIBackend
+from draftsmith.responses.settings import HFGeneration, Sampling
 from draftsmith.store import answers
 from draftsmith.store.plan import Artifact
 from draftsmith.target import load as target
 from draftsmith.tokens.chat import ChatTokenizer, tokenize_records
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-GENERATION = {"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "seed": 0}
+GENERATION = Sampling(max_new_tokens=6, temperature=0.0, top_p=1.0, seed=0)
 
 
 def call(city: str, **extra) -> dict:
@@ -121,11 +122,11 @@ def test_a_call_unlike_the_datasets_ends_the_conversation_there(tmp_path):
 
 def hf_backend(model_dir: Path, requests: list[int]):
     """The real hf backend, counting the prompts each round asks."""
-    info = describe(model_dir, {"trust_remote_code": False, "probe_generation": False, "dtype": "float32"})
-    hf_cfg = {"batch_size": 4, "device": "cpu", "attention": "sdpa"}
+    info = describe(model_dir, dtype="float32", trust_remote_code=False, probe_generation=False)
+    hf = HFGeneration(device="cpu", batch_size=4, attention="sdpa", dtype="float32")
 
     def make() -> HFBackend:
-        made = HFBackend("conv", str(model_dir), info, GENERATION, hf_cfg, "float32")
+        made = HFBackend("conv", str(model_dir), info, GENERATION, hf)
         generate = made.generate
         made.generate = lambda prompts, emit, spent: (
             requests.append(len(prompts)),
@@ -151,7 +152,7 @@ def run_every_turn(backend, tmp_path: Path, conversations: list[Prompt]) -> dict
             artifact=artifact,
             store=store,
             outputs=outputs,
-            openai_cfg={"price_per_million_input": 0.0, "price_per_million_output": 0.0},
+            openai=openai_cfg("http://unused"),  # its prices (0) cost the answers
             regenerate="every_turn",
         )
 

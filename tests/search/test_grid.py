@@ -1,5 +1,5 @@
-"""The settings search's grid: valid combinations only, chains once per num_steps, the
-draft's limits skipped with a reason, and the config check naming its key."""
+"""The settings search's grid and settings: valid combinations only, chains once per
+num_steps, the draft's limits skipped with a reason, and the config checks naming their key."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import yaml
 
 from draftsmith import config as cfg
 from draftsmith.errors import ConfigError
-from draftsmith.search.grid import build_grid, check_config
+from draftsmith.search.grid import Grid
+from draftsmith.search.settings import SearchSettings
 from draftsmith.speculation import Speculation
 from draftsmith.workflow import configure
 
@@ -26,6 +27,11 @@ def config_with(search: dict | None = None, **sections) -> dict:
     for name, section in sections.items():
         raw[name] = {**raw.get(name, {}), **section}
     return cfg.validate(raw)
+
+
+def build_grid(config: dict) -> Grid:
+    """The grid as the search's settings build it from a validated config."""
+    return SearchSettings.of(config).grid
 
 
 def test_default_grid_is_every_valid_combination_in_order():
@@ -46,7 +52,7 @@ def test_default_grid_is_every_valid_combination_in_order():
 
 def test_chains_ignore_num_draft_tokens_and_are_not_repeated():
     grid = build_grid(config_with({"num_steps": [3], "topk": [1], "num_draft_tokens": [2, 4, 9]}))
-    assert grid.settings == [Speculation(3, 1, 4)] and grid.skipped == []
+    assert grid.settings == (Speculation(3, 1, 4),) and grid.skipped == ()
 
 
 def test_list_order_does_not_matter():
@@ -61,7 +67,7 @@ def test_settings_beyond_the_trained_draft_are_skipped_with_the_reason():
         train={"ttt_steps": 2, "draft_vocab_size": 4},
     )
     grid = build_grid(config)
-    assert grid.settings == [Speculation(2, 1, 3), Speculation(2, 2, 4)]
+    assert grid.settings == (Speculation(2, 1, 3), Speculation(2, 2, 4))
     reasons = {(s.setting.num_steps, s.setting.topk): s.reason for s in grid.skipped}
     assert set(reasons) == {(2, 8), (3, 1), (3, 2), (3, 8)}
     assert reasons[3, 1] == (
@@ -74,7 +80,7 @@ def test_an_empty_grid_is_refused_naming_the_key_and_why():
     with pytest.raises(
         ConfigError, match=r"^search: no valid setting in num_steps \[9\] x topk .*ttt_steps 4"
     ):
-        check_config(config_with({"num_steps": [9]}))
+        SearchSettings.of(config_with({"num_steps": [9]}))
 
 
 def test_an_unknown_prompt_set_is_refused_at_configure_time(tmp_path):
@@ -99,6 +105,8 @@ def test_default_prompt_set_is_the_first_by_name_and_off_with_the_evaluator(tmp_
     config = config_with(evaluate={"prompt_sets": sets})
     assert cfg.search_prompt_set(config) == "alpha" and cfg.stage_on(config, "search")
     assert cfg.served_search_settings(config) == 3
+    entry = SearchSettings.of(config).prompt_set
+    assert (entry.name, entry.path, entry.format, entry.max_prompts) == ("alpha", "x.jsonl", "prompt", None)
     config = config_with({"prompt_set": "nowhere"}, evaluate={"enabled": False})
     assert not cfg.stage_on(config, "search") and cfg.served_search_settings(config) == 0
     off = {
@@ -106,4 +114,14 @@ def test_default_prompt_set_is_the_first_by_name_and_off_with_the_evaluator(tmp_
         "evaluate": {"enabled": False},
         "artifacts_dir": str(tmp_path),
     }
-    configure(copy.deepcopy(RAW) | off)  # not checked: it does not run
+    assert configure(copy.deepcopy(RAW) | off).search is None  # not checked: it does not run
+
+
+def test_settings_hold_the_sorted_lists_the_grid_and_the_schedule():
+    search = {"num_steps": [3, 2], "topk": [2, 1], "num_draft_tokens": [4, 3], "first_prompts": 2, "eta": 3}
+    settings = SearchSettings.of(config_with(search))
+    assert (settings.num_steps, settings.topk, settings.num_draft_tokens) == ((2, 3), (1, 2), (3, 4))
+    assert settings.grid == build_grid(
+        config_with({"num_steps": [2, 3], "topk": [1, 2], "num_draft_tokens": [3, 4]})
+    )
+    assert (settings.first_prompts, settings.eta) == (2, 3)

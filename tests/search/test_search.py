@@ -14,6 +14,7 @@ from draftsmith.formats.prompt_sets import OverlapError
 from draftsmith.search.stage import search
 from draftsmith.store import manifest
 from draftsmith.store.plan import plan_for
+from draftsmith.workflow import configure
 
 SET = [*PROMPTS, "Count to five.", "Name a fruit."]
 # With the exported draft's 2-token vocabulary and 2 TTT steps: chains 1 and 2, trees
@@ -36,9 +37,19 @@ def _setup(tmp: Path, demo_model_dir: Path, model_info: dict, export_dir: Path, 
     return config, inputs, plan_for(config).search.outputs
 
 
+def run_search(config: dict, inputs: dict, outputs: dict) -> dict:
+    """The job as the rule runs it: the search's settings and artifact, the evaluator's
+    settings and the planned export, as `workflow.configure` resolves them."""
+    resolved = configure(config)
+    plan = resolved.plan
+    return search(
+        resolved.search, plan.search, inputs, outputs, evaluate=resolved.evaluate, export=plan.export
+    )
+
+
 def test_search_decodes_the_grid_and_recommends_a_launch(tmp_path, demo_model_dir, model_info, export_dir):  # noqa: F811
     config, inputs, outputs = _setup(tmp_path, demo_model_dir, model_info, export_dir, ["How do tides work?"])
-    result = search(config, inputs, outputs)
+    result = run_search(config, inputs, outputs)
     assert json.loads(Path(outputs["json"]).read_text()) == result
     assert result["key"] == plan_for(config).search.key and result["lossless"] is True
     assert (result["prompt_set"], result["prompts"], result["max_new_tokens"]) == ("tiny", 4, 8)
@@ -95,5 +106,5 @@ def test_search_refuses_a_prompt_the_draft_was_trained_on(tmp_path, demo_model_d
     trained = ["count to FIVE."]  # row 2 of the searched set, up to case
     config, inputs, outputs = _setup(tmp_path, demo_model_dir, model_info, export_dir, trained)
     with pytest.raises(OverlapError, match=r"prompt set 'tiny' row tiny-000002 .* chat-000000"):
-        search(config, inputs, outputs)
+        run_search(config, inputs, outputs)
     assert not Path(outputs["json"]).parent.exists()

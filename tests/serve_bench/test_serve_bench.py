@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -31,11 +32,11 @@ from draftsmith.serve_bench.command import (
     check_environment,
     check_extra_args,
     check_launch,
-    configured_chain,
     draft_command,
     launch_command,
     serving_context,
 )
+from draftsmith.serve_bench.settings import ServeBenchSettings
 from draftsmith.serve_bench.stage import (
     BenchPrompt,
     build_commands,
@@ -73,8 +74,15 @@ def _config(tmp_path: Path, top: dict | None = None, **bench) -> dict:
     return config
 
 
-def _bench(tmp_path: Path, **bench) -> dict:
-    return _config(tmp_path, **bench)["serve_benchmark"]
+def _bench(tmp_path: Path, top: dict | None = None, **bench) -> ServeBenchSettings:
+    """The stage's settings of `_config`'s config, as `workflow.configure` resolves them."""
+    return configure(_config(tmp_path, top, **bench)).serve_bench
+
+
+def _run_stage(config: dict, inputs: dict, outputs: dict) -> dict:
+    """The job as the rule runs it: the stage's settings and planned artifact."""
+    resolved = configure(config)
+    return serve_bench(resolved.serve_bench, resolved.plan.serve_bench, inputs, outputs)
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -100,8 +108,9 @@ def test_server_settings_then_extra_args(tmp_path):
     sglang = {"python": "/opt/sglang/bin/python", "tp_size": 8, "mem_fraction_static": 0.85,
               "context_length": 16384, "extra_args": extra}  # fmt: skip
     top = {"export": {"serving_context": 16384}}
-    bench = _config(tmp_path, top, k=[7], num_draft_tokens=8, sglang=sglang)["serve_benchmark"]
-    assert draft_command(MODEL, bench, 30500, DRAFT, configured_chain(bench, 7)) == [
+    bench = _bench(tmp_path, top, k=[7], num_draft_tokens=8, sglang=sglang)
+    (chain,) = bench.chains
+    assert draft_command(MODEL, bench.server, 30500, DRAFT, chain, bench.speculative_algorithm) == [
         "/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "127.0.0.1", "--port", "30500", "--tp-size", "8",
         "--mem-fraction-static", "0.85", "--context-length", "16384",
@@ -216,7 +225,20 @@ def test_config_validation_names_every_problem_at_once(tmp_path):
 def test_disabled_block_is_not_checked(tmp_path):
     config = _config(tmp_path)
     config["serve_benchmark"] = {"enabled": False, "speculative_algorithm": "EAGLE"}
-    configure(config)  # nothing to refuse for a benchmark that does not run
+    assert configure(config).serve_bench is None  # nothing to refuse for a benchmark that does not run
+
+
+def test_settings_resolve_the_chains_the_prompt_set_and_the_search_settings(tmp_path):
+    sglang = {"tp_size": 2, "extra_args": ["--disable-cuda-graph"]}
+    bench = _bench(tmp_path, k=[3, 1], sglang=sglang, concurrency=[1, 4])
+    assert bench.chains == (Speculation(3, 1, 4), Speculation(1, 1, 2))  # num_draft_tokens null: k + 1
+    assert (bench.prompt_set.name, bench.prompt_set.path) == ("held", str(tmp_path / "held.jsonl"))
+    assert (bench.experiment, bench.concurrency, bench.gpus) == ("serve-test", (1, 4), 2)
+    assert bench.server.extra_args == ("--disable-cuda-graph",) and bench.server.port is None
+    assert bench.search_settings == 3  # search.confirm_top, the search being on
+    off = _bench(tmp_path, top={"search": {"enabled": False, "confirm_top": 5}})
+    assert off.search_settings == 0  # no search, so none of its settings
+    assert pickle.loads(pickle.dumps(bench)) == bench  # Snakemake hands params to the job pickled
 
 
 def test_serving_context_may_follow_the_exported_context(tmp_path):
@@ -313,31 +335,24 @@ def _draft_dir(tmp_path: Path, **config) -> Path:
 
 
 def test_check_draft_against_its_config(tmp_path):
-    bench = _bench(tmp_path)
-    assert check_draft(_draft_dir(tmp_path), bench, 8192)["max_position_embeddings"] == 8192
+    assert check_draft(_draft_dir(tmp_path), 8192)["max_position_embeddings"] == 8192
     with pytest.raises(
         ServeBenchError, match=r"max_position_embeddings 2048 is below the serving context 8192"
     ):
-        check_draft(_draft_dir(tmp_path, max_position_embeddings=2048), bench, 8192)
+        check_draft(_draft_dir(tmp_path, max_position_embeddings=2048), 8192)
     with pytest.raises(
         ServeBenchError, match=r"names architectures \['LlamaForCausalLMEagle'\], not LlamaFor"
     ):
-        check_draft(_draft_dir(tmp_path, architectures=["LlamaForCausalLMEagle"]), bench, 8192)
+        check_draft(_draft_dir(tmp_path, architectures=["LlamaForCausalLMEagle"]), 8192)
     with pytest.raises(ServeBenchError, match="cannot read the draft's config"):
-        check_draft(tmp_path / "missing", bench, 8192)
-
-
-def test_check_draft_refuses_eagle_at_run_time(tmp_path):
-    bench = {**_bench(tmp_path), "speculative_algorithm": "EAGLE"}  # as if validation were skipped
-    with pytest.raises(ServeBenchError, match="EAGLE with an EAGLE-3 draft"):
-        check_draft(_draft_dir(tmp_path), bench, 8192)
+        check_draft(tmp_path / "missing", 8192)
 
 
 def test_serving_context_defaults_to_the_target(tmp_path):
-    assert serving_context(_bench(tmp_path), {"max_position_embeddings": 131072}) == 131072
-    assert serving_context(_bench(tmp_path, sglang={"context_length": 4096}), {}) == 4096
+    assert serving_context(_bench(tmp_path).server, {"max_position_embeddings": 131072}) == 131072
+    assert serving_context(_bench(tmp_path, sglang={"context_length": 4096}).server, {}) == 4096
     with pytest.raises(ServeBenchError, match="set serve_benchmark.sglang.context_length"):
-        serving_context(_bench(tmp_path), {})
+        serving_context(_bench(tmp_path).server, {})
 
 
 def test_simulated_acceptance_is_refused():
@@ -571,7 +586,7 @@ def fake(tmp_path, monkeypatch) -> Path:
     return path
 
 
-def _fake_bench(tmp_path: Path, fake: Path, **bench) -> dict:
+def _fake_bench(tmp_path: Path, fake: Path, **bench) -> ServeBenchSettings:
     sglang = {"python": str(fake), "startup_timeout_s": 30, "request_timeout_s": 30}
     return _bench(
         tmp_path, **{"k": [1, 3], "max_new_tokens": 13, "warmup_requests": 1, "sglang": sglang, **bench}
@@ -651,7 +666,11 @@ def test_a_dead_server_is_reported_with_its_log(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("FAKE_EXIT", "1")
     bench = _fake_bench(tmp_path, fake)
     port = free_port()
-    cmd, url, log_path = launch_command(MODEL, bench, port), f"http://127.0.0.1:{port}", tmp_path / "b.log"
+    cmd, url, log_path = (
+        launch_command(MODEL, bench.server, port),
+        f"http://127.0.0.1:{port}",
+        tmp_path / "b.log",
+    )
     with pytest.raises(
         ServerError, match=rf"exited with code 3 .*last lines of {log_path}:\nfake sglang: fail"
     ):
@@ -660,13 +679,14 @@ def test_a_dead_server_is_reported_with_its_log(tmp_path, fake, monkeypatch):
 
 # A job process: the draftsmith signal handlers and one benchmark, as the rule runs it.
 JOB = r"""
-import json, sys
+import pickle, sys
 from pathlib import Path
 
 from draftsmith.runtime.jobs import install_signal_handlers
 from draftsmith.serve_bench.stage import BenchPrompt, run_benchmark
 
-bench, port, logs = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+bench = pickle.loads(Path(sys.argv[1]).read_bytes())  # the settings, pickled as Snakemake hands them
+port, logs = int(sys.argv[2]), Path(sys.argv[3])
 install_signal_handlers()
 run_benchmark("/models/target", Path("/drafts/d"), [BenchPrompt("p", [1, 2])], bench, logs, port)
 """
@@ -675,7 +695,9 @@ run_benchmark("/models/target", Path("/drafts/d"), [BenchPrompt("p", [1, 2])], b
 def test_sigterm_with_a_request_in_flight_tears_the_group_down(tmp_path, fake):
     bench = _fake_bench(tmp_path, fake, k=[1])
     env = {**os.environ, "FAKE_HANG": "1"}
-    cmd = [sys.executable, "-c", JOB, json.dumps(bench), str(free_port()), str(tmp_path / "logs")]
+    settings = tmp_path / "settings.pickle"
+    settings.write_bytes(pickle.dumps(bench))
+    cmd = [sys.executable, "-c", JOB, str(settings), str(free_port()), str(tmp_path / "logs")]
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
@@ -705,7 +727,7 @@ def test_stage_writes_report_manifest_and_logs(tmp_path, fake, demo_model_dir):
                "manifest": str(out / "manifest.json")}  # fmt: skip
     train, responses = write_training(tmp_path, {"train-000000": "Name three animals."})
     inputs = {"model": str(model), "draft_config": str(draft / "config.json")}
-    report = serve_bench(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
+    report = _run_stage(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
 
     from draftsmith.store.plan import plan_for
 
@@ -744,7 +766,7 @@ def test_stage_refuses_a_prompt_over_the_context(tmp_path, fake, demo_model_dir)
     with pytest.raises(
         ServeBenchError, match=r"prompt held-000000 of evaluate.prompt_sets.held: \d+ tokens \+ "
     ):
-        serve_bench(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
+        _run_stage(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
     assert _launches(tmp_path) == []  # refused before any server started
 
 
@@ -757,7 +779,7 @@ def test_stage_refuses_a_prompt_the_draft_was_trained_on(tmp_path, fake, demo_mo
     inputs = {"model": str(model), "draft_config": str(_draft_dir(tmp_path) / "config.json")}
     inputs |= {"merged": str(train), "responses": [str(responses)]}
     with pytest.raises(OverlapError, match=r"prompt set 'held' row held-000001 .* train-000007"):
-        serve_bench(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
+        _run_stage(config, inputs, {"json": str(tmp_path / "out" / "serve_benchmark.json")})
     assert _launches(tmp_path) == []  # refused before any server started
 
 
@@ -830,7 +852,7 @@ def test_stage_serves_the_search_best_and_says_what_it_confirmed(tmp_path, fake,
         "draft_config": str(_draft_dir(tmp_path) / "config.json"),
         "search": [str(search)],
     }
-    report = serve_bench(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
+    report = _run_stage(config, inputs | {"merged": str(train), "responses": [str(responses)]}, outputs)
     assert list(report["command"]) == ["baseline", "k=2", "tree 3/2/6", "k=3"]
     verdict = report["search"]
     assert (verdict["recommended"], verdict["served"]) == ("tree 3/2/6", ["tree 3/2/6", "k=3"])

@@ -8,7 +8,6 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.target.layers import (
     AuxLayers,
     LayerIdError,
-    config_aux_layers,
     default_aux_layers,
     sglang_layer_ids,
 )
@@ -87,6 +86,8 @@ def test_shifted_conventions_refuse_the_embedding_index():
         AuxLayers.from_hf_hidden_states([0, 15, 27], 30)
     with pytest.raises(LayerIdError, match="0..28"):
         AuxLayers.from_input_of([2, 15, 30], 30)  # "input of layer 30" does not exist
+    with pytest.raises(LayerIdError, match="unknown aux layer convention"):
+        AuxLayers.from_convention("input_of", [2, 15, 27], 30)
 
 
 def test_too_few_layers_for_the_default():
@@ -94,29 +95,6 @@ def test_too_few_layers_for_the_default():
         default_aux_layers(6)
     with pytest.raises(LayerIdError, match="positive integer"):
         default_aux_layers(0)
-
-
-def test_config_aux_layers():
-    assert config_aux_layers(None, 30) == AuxLayers.default(30)
-    assert config_aux_layers({"aux_layers": None}, 30) == AuxLayers.default(30)
-    explicit = {"aux_layers": {"convention": "input_of_layer", "ids": [3, 15, 27]}}
-    assert config_aux_layers(explicit, 30).output_of == (2, 14, 26)
-    hf = {"aux_layers": {"convention": "hf_hidden_states_index", "ids": [2, 15, 27]}}
-    assert config_aux_layers(hf, 30) == AuxLayers.default(30)
-
-
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ({"convention": "input_of", "ids": [2, 15, 27]}, "unknown aux layer convention"),
-        ({"ids": [1, 14, 26]}, "expected null or"),
-        ([1, 14, 26], "expected null or"),
-        ({"convention": "output_of_layer", "ids": [1, 14, 29]}, "extract.aux_layers: .*not capturable"),
-    ],
-)
-def test_config_aux_layers_refuses_bad_specs(spec, message):
-    with pytest.raises(LayerIdError, match=message):
-        config_aux_layers({"aux_layers": spec}, 30)
 
 
 @pytest.fixture(scope="module")

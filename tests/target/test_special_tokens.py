@@ -156,9 +156,7 @@ def test_generation_stop_ids_including_end_of_turn_pass(tokenizer):
 
 
 def test_describe_model_records_the_template_end_of_turn(demo_model_dir):
-    info = describe(
-        demo_model_dir, {"trust_remote_code": False, "probe_generation": False, "dtype": "float32"}
-    )
+    info = describe(demo_model_dir, dtype="float32", trust_remote_code=False, probe_generation=False)
     tokens = info["special_tokens"]
     assert tokens["end_of_turn"]["ids"] == [IM_END]
     assert tokens["generation_config_eos_ids"] == [IM_END]
@@ -168,10 +166,8 @@ def test_describe_model_records_the_template_end_of_turn(demo_model_dir):
     with pytest.raises(ModelError, match=r"\[163533\]"):
         describe(
             demo_model_dir,
-            {
-                "trust_remote_code": False,
-                "probe_generation": False,
-                "dtype": "float32",
-                "end_of_turn_ids": [163533],
-            },
+            dtype="float32",
+            trust_remote_code=False,
+            probe_generation=False,
+            end_of_turn_ids=(163533,),
         )

@@ -21,6 +21,7 @@ from draftsmith.formats.responses import Usage, response_record
 from draftsmith.merged import data_report
 from draftsmith.model.stage import describe
 from draftsmith.responses.hf import HFBackend
+from draftsmith.responses.settings import HFGeneration, Sampling
 from draftsmith.runtime import resources
 from draftsmith.target import load as target
 from draftsmith.tokens.chat import ChatTokenizer, TokenizeStats, tokenize_records
@@ -236,17 +237,13 @@ def test_backend_ids_end_of_turn_appended_once_and_prompt_ids_used(tokenizer):
 
 def test_real_greedy_generation_ids_are_kept(tokenizer, demo_model_dir):
     """The HF backend's own records (real greedy generation) go through tokenize unchanged."""
-    model_info = describe(
-        demo_model_dir, {"trust_remote_code": False, "probe_generation": False, "dtype": "float32"}
-    )
-    generation = {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}
+    model_info = describe(demo_model_dir, dtype="float32", trust_remote_code=False, probe_generation=False)
     backend = HFBackend(
         "demo",
         str(demo_model_dir),
         model_info,
-        generation,
-        {"batch_size": 2, "device": "cpu", "attention": "sdpa"},
-        "float32",
+        Sampling(max_new_tokens=16, temperature=0.0, top_p=1.0, seed=0),
+        HFGeneration(device="cpu", batch_size=2, attention="sdpa", dtype="float32"),
     )
     prompts = [
         Prompt(id="p0", index=0, line=1, messages=[user("Say hello in one short sentence.")]),

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +29,10 @@ from draftsmith.train import loop as train
 from draftsmith.train.data import TrainData, pack, sort_windows
 from draftsmith.train.launch import launch, write_rank_job
 from draftsmith.train.process_group import process_group_backend
+from draftsmith.train.settings import LoopSettings, TrainSettings, TrainSpec
 from draftsmith.train.state import TrainError
 from draftsmith.vocab.stage import vocab
+from draftsmith.workflow import configure
 
 TEXTS = [
     ("What is the capital of France?", "The capital of France is Paris."),
@@ -98,8 +100,9 @@ def hidden(tmp_path_factory, demo_model_dir) -> tuple[Path, Path, list[dict]]:
     return out, assignment, mix
 
 
-def train_settings(**overrides) -> dict:
-    settings = cfg.validate(
+def train_settings(**overrides) -> LoopSettings:
+    """The loop's settings as the workflow resolves them from a small config."""
+    config = cfg.validate(
         {
             "experiment": "t",
             "model": {"source": {"kind": "hf_dir", "path": "unused"}},
@@ -119,28 +122,33 @@ def train_settings(**overrides) -> dict:
                 **overrides,
             },
         }
-    )["train"]
-    return settings
+    )
+    return TrainSettings.of(config).loop
+
+
+def with_processes(spec: TrainSpec, gpus: int) -> TrainSpec:
+    return replace(spec, train=replace(spec.train, gpus=gpus))
 
 
 @pytest.fixture
-def spec(hidden, demo_model_dir, tmp_path) -> dict:
+def spec(hidden, demo_model_dir, tmp_path) -> TrainSpec:
     directory, assignment, samples = hidden
     settings = train_settings()
-    held = held_out_ids([s["id"] for s in samples], settings["val_fraction"])
+    held = held_out_ids([s["id"] for s in samples], settings.val_fraction)
     counts = count_supervised(s for s in samples if s["id"] not in held)
     vocab_path = tmp_path / "vocab.safetensors"
     from safetensors.torch import save_file
 
-    save_file(build(counts, settings["draft_vocab_size"], 49152), str(vocab_path))
-    return {
-        "key": "0123456789abcdef",
-        "hf_dir": str(demo_model_dir),
-        "hidden_dir": str(directory),
-        "assignment": str(assignment),
-        "vocab": str(vocab_path),
-        "train": settings,
-    }
+    save_file(build(counts, settings.draft_vocab_size, 49152), str(vocab_path))
+    return TrainSpec(
+        key="0123456789abcdef",
+        hf_dir=str(demo_model_dir),
+        trust_remote_code=False,
+        hidden_dir=str(directory),
+        assignment=str(assignment),
+        vocab=str(vocab_path),
+        train=settings,
+    )
 
 
 def losses(records: list[dict]) -> list[tuple]:
@@ -276,7 +284,7 @@ def test_checkpoint_restores_every_part_of_the_state(spec, tmp_path):
     assert restored.optimizer.param_groups[0]["lr"] == trainer.optimizer.param_groups[0]["lr"]
     assert torch.equal(torch.get_rng_state(), trainer.state_dict(0)["rng"]["torch"])
     with pytest.raises(TrainError, match="checkpoint of draft"):
-        train.Trainer({**spec, "key": "fedcba9876543210"}).load(tmp_path / "ckpt.pt")
+        train.Trainer(replace(spec, key="fedcba9876543210")).load(tmp_path / "ckpt.pt")
     # A checkpoint whose draft was built otherwise (here: another RoPE) does not continue as this one.
     state = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=True)
     assert "rope_scaling" not in state["draft_config"]  # the demo target has plain RoPE
@@ -299,8 +307,7 @@ def test_segment_bounds_refuse_steps_outside_the_run(spec):
 def test_data_parallel_gloo_equals_one_process(spec, tmp_path):
     """2 torchrun processes (gloo), each half of every global batch == 1 process."""
     one = train.run_segment(spec, 0, None, tmp_path / "one.pt", tmp_path / "one.jsonl")
-    two_spec = copy.deepcopy(spec)
-    two_spec["train"]["gpus"] = 2
+    two_spec = with_processes(spec, 2)
     launch(two_spec, 0, None, tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2, threads=2)
     assert not list(tmp_path.glob(".tmp-*"))  # the job file is gone
     single, parallel = one["records"], read_records(tmp_path / "two.jsonl")
@@ -323,8 +330,7 @@ def test_resume_across_a_change_of_process_count(spec, tmp_path):
     the weights of one process running both, within float tolerance."""
     first = train.run_segment(spec, 0, None, tmp_path / "ckpt-0.pt", tmp_path / "m0.jsonl")
     straight = train.run_segment(spec, 1, tmp_path / "ckpt-0.pt", tmp_path / "one.pt", tmp_path / "one.jsonl")
-    two_spec = copy.deepcopy(spec)
-    two_spec["train"]["gpus"] = 2
+    two_spec = with_processes(spec, 2)
     launch(two_spec, 1, tmp_path / "ckpt-0.pt", tmp_path / "two.pt", tmp_path / "two.jsonl", world_size=2)
     single = [r for r in straight["records"] if r["kind"] == "train"]
     parallel = [r for r in read_records(tmp_path / "two.jsonl") if r["kind"] == "train"]
@@ -348,8 +354,7 @@ def test_nccl_between_gpus_gloo_on_cpu():
 def test_srun_tasks_take_their_ranks_from_slurm(spec, tmp_path):
     """Two processes given only what srun gives its tasks (SLURM_PROCID, SLURM_NTASKS,
     SLURM_LOCALID) and the launcher's rendezvous train exactly as torchrun's two ranks."""
-    two_spec = copy.deepcopy(spec)
-    two_spec["train"]["gpus"] = 2
+    two_spec = with_processes(spec, 2)
     launch(two_spec, 0, None, tmp_path / "torchrun.pt", tmp_path / "torchrun.jsonl", world_size=2)
     job = write_rank_job(two_spec, 0, None, tmp_path / "srun.pt", tmp_path / "srun.jsonl")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -407,8 +412,10 @@ def run_vocab_stage(tmp_path: Path, config: dict, samples: list[dict]) -> tuple[
         "info": out / "vocab.json",
         "manifest": out / "manifest.json",
     }
+    resolved = configure(config)
     info = vocab(
-        config,
+        resolved.vocab,
+        resolved.plan.vocab,
         inputs={"model": str(tmp_path / "model" / "model.json"), "merged": str(merged)},
         outputs=outputs,
     )

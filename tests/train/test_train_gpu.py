@@ -5,8 +5,8 @@ Skipped without CUDA; run on a GPU machine with `pytest tests/test_train_gpu.py`
 
 from __future__ import annotations
 
-import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.fixture
 def gpu_spec(spec):  # noqa: F811 (the fixture above)
-    out = copy.deepcopy(spec)
-    out["train"].update(device="cuda", dtype="bfloat16", gpus=1)
-    return out
+    return replace(spec, train=replace(spec.train, device="cuda", dtype="bfloat16", gpus=1))
 
 
 def assert_close_records(a: list[dict], b: list[dict], rel: float) -> None:
@@ -53,8 +51,7 @@ def test_torchrun_nccl_on_one_gpu_equals_one_process(gpu_spec, tmp_path):
 
 
 def test_two_segments_on_gpu_equal_one_run(gpu_spec, tmp_path):
-    whole = copy.deepcopy(gpu_spec)
-    whole["train"]["checkpoint_every"] = whole["train"]["total_steps"]
+    whole = replace(gpu_spec, train=replace(gpu_spec.train, checkpoint_every=gpu_spec.train.total_steps))
     straight = train.run_segment(whole, 0, None, tmp_path / "w.pt", tmp_path / "w.jsonl")["records"]
     first = train.run_segment(gpu_spec, 0, None, tmp_path / "c0.pt", tmp_path / "m0.jsonl")["records"]
     second = train.run_segment(gpu_spec, 1, tmp_path / "c0.pt", tmp_path / "c1.pt", tmp_path / "m1.jsonl")

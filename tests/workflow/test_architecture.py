@@ -270,3 +270,39 @@ def test_no_module_is_over_the_line_limit():
         if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}
+
+
+def stage_entry_points() -> dict[str, ast.FunctionDef]:
+    """The entry function each job script hands `from_snakemake`, by script name."""
+    found = {}
+    for script in sorted((REPO / "scripts").glob("*.py")):
+        tree = ast.parse(script.read_text())
+        sources = {
+            alias.asname or alias.name: node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names
+        }
+        called = [
+            node.args[1].id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "from_snakemake"
+            and isinstance(node.args[1], ast.Name)
+        ]
+        assert len(called) == 1, f"{script.name}: expected one from_snakemake(snakemake, <entry>) call"
+        module = ast.parse(MODULES[sources[called[0]]].read_text())
+        (function,) = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == called[0]]
+        found[script.stem] = function
+    return found
+
+
+def test_stage_entry_points_take_settings_never_the_raw_config():
+    """A job gets its stage's settings and artifact (resolved once by workflow.configure),
+    not the whole config to re-read and re-check."""
+    entries = stage_entry_points()
+    assert len(entries) == len(list((REPO / "scripts").glob("*.py")))
+    taking_config = sorted(name for name, f in entries.items() if "config" in {a.arg for a in f.args.args})
+    assert taking_config == []
+    lacking = sorted(name for name, f in entries.items() if f.args.args[0].arg != "settings")
+    assert lacking == [], "an entry function's first parameter is its stage's settings"

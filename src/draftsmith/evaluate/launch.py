@@ -1,6 +1,11 @@
 """The recommended SGLang launch: each measured setting's speculative flags and example
-`sglang.launch_server` command line (the serving benchmark's builder, with placeholders
-for the target and the draft), and benchmark.json's `recommended` setting."""
+`sglang.launch_server` command line (placeholders for the target and the draft), and
+benchmark.json's `recommended` setting.
+
+The example serves one GPU (a target the evaluator holds in one process) at the context
+the draft is exported for. It reads none of `serve_benchmark`: that stage may be off, and
+the evaluation's key does not hold its settings, so a command built from them could show
+settings the results were not built with."""
 
 from __future__ import annotations
 
@@ -9,13 +14,13 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from draftsmith.evaluate.measure import section_key
-from draftsmith.runtime.sglang import speculative_flags
-from draftsmith.serve_bench import EAGLE3, check_launch, launch_command
+from draftsmith.runtime.sglang import base_launch_command, speculative_flags
+from draftsmith.serve_bench import EAGLE3, check_launch
 from draftsmith.speculation import Speculation
 
-# The recommended command's placeholders and the port it shows when serve_benchmark sets none.
+# The recommended command's placeholders, and what it shows of the server beyond the context.
 TARGET_MODEL, DRAFT_DIR = "TARGET_MODEL", "DRAFT_DIR"
-EXAMPLE_PORT = 30000  # SGLang's default
+EXAMPLE_SERVER = {"python": "python3", "host": "127.0.0.1", "port": 30000, "tp_size": 1}  # SGLang's defaults
 
 
 @dataclass(frozen=True)
@@ -27,12 +32,12 @@ class Launch:
     checked_by_sglang: bool
 
 
-def sglang_launch(config: dict, setting: Speculation) -> Launch:
-    """The serving benchmark's builder and launch settings, with the draft at `setting` and
-    placeholders for the target and the draft."""
-    bench = config["serve_benchmark"]
+def sglang_launch(setting: Speculation, context_length: int) -> Launch:
+    """The example server at `context_length` (`EvaluateSettings.launch_context`), with the
+    draft at `setting` and placeholders for the target and the draft."""
     served = speculative_flags(setting, EAGLE3, f"${DRAFT_DIR}")
-    cmd = launch_command(f"${TARGET_MODEL}", bench, bench["sglang"]["port"] or EXAMPLE_PORT, served)
+    server = {**EXAMPLE_SERVER, "context_length": context_length}
+    cmd = base_launch_command(f"${TARGET_MODEL}", server) + served
     return Launch(speculative_flags(setting, EAGLE3), cmd, check_launch(cmd, served))
 
 

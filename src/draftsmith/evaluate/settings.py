@@ -1,28 +1,102 @@
-"""The evaluator's settings: the config check of its trees (and of the length buckets),
-benchmark.json's results by setting label, and the recommended SGLang launch in Markdown.
+"""The evaluator's settings (`EvaluateSettings`, its trees and length buckets checked as they
+are built), benchmark.json's results by setting label, and the recommended SGLang launch in
+Markdown.
 
 No torch here: config validation and the report import this module.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 
+from draftsmith.config import export_serving_context
 from draftsmith.errors import ConfigError
+from draftsmith.runtime.resources import evaluate_gpus
 from draftsmith.speculation import Speculation
 
 
-def check_config(config: dict) -> None:
-    """Refuse an `evaluate.trees` entry the evaluator cannot build or SGLang would not run as
-    given, and length buckets that are not strictly ascending."""
-    bounds = config["evaluate"]["length_buckets"]
-    if any(low >= high for low, high in pairwise(bounds)):
-        raise ConfigError(f"evaluate.length_buckets: upper bounds must be strictly ascending, got {bounds}")
-    for i, tree in enumerate(config["evaluate"]["trees"]):
-        try:
-            Speculation.of(tree).check()
-        except ValueError as exc:
-            raise ConfigError(f"evaluate.trees[{i}]: {exc}") from None
+@dataclass(frozen=True)
+class PromptSetEntry:
+    """One `evaluate.prompt_sets` entry, by name."""
+
+    name: str
+    path: str
+    format: str
+    prompt_field: str
+    max_prompts: int | None
+
+    @classmethod
+    def of(cls, name: str, entry: dict) -> PromptSetEntry:
+        return cls(name, entry["path"], entry["format"], entry["prompt_field"], entry["max_prompts"])
+
+    def as_entry(self) -> dict:
+        """The config-shaped entry `formats.prompt_sets.load_prompt_set` reads."""
+        return {key: value for key, value in asdict(self).items() if key != "name"}
+
+
+@dataclass(frozen=True)
+class EvaluateSettings:
+    """What the evaluate job reads: the settings it measures, how it decodes, what it flags."""
+
+    chains: tuple[Speculation, ...]  # evaluate.k, in config order
+    trees: tuple[Speculation, ...]  # evaluate.trees, in config order
+    max_new_tokens: int
+    device: str
+    dtype: str  # both models' compute dtype
+    warmup_prompts: int
+    length_buckets: tuple[int, ...]  # strictly ascending upper bounds
+    long_context_drop: float
+    prompt_set_drop: float
+    prompt_sets: tuple[PromptSetEntry, ...]  # by name
+    system_prompt: str | None  # generation.system_prompt: prompts render as the training ones did
+    trust_remote_code: bool  # model.trust_remote_code
+    training_max_length: int  # tokenize.max_length: the longest sample the draft trained on
+    # The context the recommended launch serves: the one the draft is exported for
+    # (export.serving_context, else train.max_position_embeddings). Derived from the export's
+    # settings, which its key holds, so the command never shows a setting the key does not.
+    launch_context: int
+    gpus: int  # GPUs the job holds (`runtime.resources.evaluate_gpus`)
+
+    @property
+    def measured(self) -> tuple[Speculation, ...]:
+        """Every setting decoded: chains in k order, then trees in config order."""
+        return self.chains + self.trees
+
+    @classmethod
+    def of(cls, config: dict) -> EvaluateSettings:
+        """Refuses an `evaluate.trees` entry the evaluator cannot build or SGLang would not run
+        as given, and length buckets that are not strictly ascending."""
+        ev = config["evaluate"]
+        bounds = tuple(ev["length_buckets"])
+        if any(low >= high for low, high in pairwise(bounds)):
+            raise ConfigError(
+                f"evaluate.length_buckets: upper bounds must be strictly ascending, got {list(bounds)}"
+            )
+        trees = tuple(Speculation.of(tree) for tree in ev["trees"])
+        for i, tree in enumerate(trees):
+            try:
+                tree.check()
+            except ValueError as exc:
+                raise ConfigError(f"evaluate.trees[{i}]: {exc}") from None
+        sets = tuple(PromptSetEntry.of(name, e) for name, e in sorted(ev["prompt_sets"].items()))
+        return cls(
+            chains=tuple(Speculation.chain(k) for k in ev["k"]),  # valid by the schema's k >= 1
+            trees=trees,
+            max_new_tokens=ev["max_new_tokens"],
+            device=ev["device"],
+            dtype=ev["dtype"],
+            warmup_prompts=ev["warmup_prompts"],
+            length_buckets=bounds,
+            long_context_drop=ev["long_context_drop"],
+            prompt_set_drop=ev["prompt_set_drop"],
+            prompt_sets=sets,
+            system_prompt=config["generation"]["system_prompt"],
+            trust_remote_code=config["model"]["trust_remote_code"],
+            training_max_length=config["tokenize"]["max_length"],
+            launch_context=export_serving_context(config),
+            gpus=evaluate_gpus(config),
+        )
 
 
 def labelled_results(prompt_set: dict) -> list[tuple[str, dict]]:

@@ -42,13 +42,12 @@ falls below `evaluate.prompt_set_drop` of the best set's (see `sets`).
 `recommended` is the setting, chain or tree, with the highest mean over the prompt sets
 of the per-set speed-ups (the earlier of equals: chains in k order, then trees in config
 order), as SGLang flags (a chain of k is num_steps k, topk 1, k+1 draft tokens) and an
-example `sglang.launch_server` command line built by the serving benchmark's builder from
-`serve_benchmark.sglang` (python, tp_size, memory, context, extra args; port 30000 when
-unset), with "$TARGET_MODEL" and "$DRAFT_DIR" standing for the target and the export's
-`sglang/` directory (`placeholders` gives this run's: the evaluated target, the planned
-export). `checked_by_sglang` says whether SGLang's own argument parser read it (only
-where SGLang is importable; elsewhere the flags are checked against the ones the builder
-knows).
+example `sglang.launch_server` command line (one GPU, port 30000, at the context the draft
+is exported for; see `launch`), with "$TARGET_MODEL" and "$DRAFT_DIR" standing for the
+target and the export's `sglang/` directory (`placeholders` gives this run's: the
+evaluated target, the planned export). `checked_by_sglang` says whether SGLang's own
+argument parser read it (only where SGLang is importable; elsewhere the flags are checked
+against the ones draftsmith knows SGLang by).
 """
 
 from __future__ import annotations
@@ -65,16 +64,15 @@ from draftsmith.evaluate.length import by_length, long_context
 from draftsmith.evaluate.markdown import markdown
 from draftsmith.evaluate.measure import EvaluationError, Settings, benchmark_sets
 from draftsmith.evaluate.sets import by_set
+from draftsmith.evaluate.settings import EvaluateSettings
 from draftsmith.export import AUX_LAYER_CONVENTION, SGLANG, load_sglang_export
 from draftsmith.formats.prompt_sets import check_overlap, load_prompt_set, training_prompts
 from draftsmith.fsutil import atomic
 from draftsmith.runtime import gpus
-from draftsmith.runtime.resources import evaluate_gpus
-from draftsmith.speculation import Speculation
 from draftsmith.store import manifest
 from draftsmith.store.journal import Journal
 from draftsmith.store.layout import EXPORT_FILES, JOURNAL
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.target import load as target
 
 if TYPE_CHECKING:
@@ -120,77 +118,85 @@ def draft_context(export_dir: Path, training_max_length: int) -> dict:
     }
 
 
-def load_models(config: dict, model_info: dict, export_dir: Path):
+def load_models(model_info: dict, export_dir: Path, *, dtype: str, device: str, trust_remote_code: bool):
+    """The target (in `dtype`, on `device`), the exported draft on its device, and the aux layers."""
     import torch
 
-    ev = config["evaluate"]
     # Verifying k+1 tokens at once must pick the argmax one-at-a-time decoding picks:
     # TF32 matmuls would turn near-ties into false lossless failures.
     torch.set_float32_matmul_precision("highest")
     torch.backends.cudnn.allow_tf32 = False
-    model = target.load_model(
-        model_info["hf_dir"], ev["dtype"], ev["device"], config["model"]["trust_remote_code"]
-    )
+    model = target.load_model(model_info["hf_dir"], dtype, device, trust_remote_code)
     embed = model.get_input_embeddings().weight
-    draft = load_sglang_export(export_dir, embed, compute_dtype=ev["dtype"]).to(model.device).eval()
+    draft = load_sglang_export(export_dir, embed, compute_dtype=dtype).to(model.device).eval()
     return model, draft, export_aux_layers(export_dir, model_info["num_hidden_layers"])
 
 
-def evaluate(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """Rule `evaluate`: benchmark the exported SGLang draft on the held-out prompt sets."""
+def evaluate(
+    settings: EvaluateSettings,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None = None,
+    *,
+    export: Artifact,
+) -> dict:
+    """Rule `evaluate`: benchmark the exported SGLang draft (planned as `export`, whose
+    `sglang/` directory the recommended launch names) on the held-out prompt sets."""
     from draftsmith.target.special_tokens import stop_ids
 
     started = time.time()
-    plan = plan_for(config)
-    artifact = plan.evaluate
-    ev = config["evaluate"]
-    if not ev["prompt_sets"]:
-        raise EvaluationError("evaluate.prompt_sets is empty: configure at least one held-out prompt set")
     model_info = target.model_info(inputs["model"])
-    tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
-    system_prompt = config["generation"]["system_prompt"]
+    tokenizer = target.load_tokenizer(model_info["hf_dir"], settings.trust_remote_code)
+    planned = artifact.params["prompt_sets"]
     sets = {
-        name: load_prompt_set(
-            name, entry, tokenizer, system_prompt, artifact.params["prompt_sets"][name]["source"]
+        entry.name: load_prompt_set(
+            entry.name, entry.as_entry(), tokenizer, settings.system_prompt, planned[entry.name]["source"]
         )
-        for name, entry in sorted(ev["prompt_sets"].items())
+        for entry in settings.prompt_sets
     }
     check_overlap(sets, training_prompts(inputs["merged"], inputs["responses"]))
-    trees = [Speculation.of(tree) for tree in ev["trees"]]
-    measured = [Speculation.chain(k) for k in ev["k"]] + trees
-    settings = Settings(measured, ev["max_new_tokens"], stop_ids(model_info), ev["warmup_prompts"])
+    decoding = Settings(
+        list(settings.measured), settings.max_new_tokens, stop_ids(model_info), settings.warmup_prompts
+    )
     # Every launch is built (and so checked) before any decoding: a refusal comes first.
-    launches = {setting: sglang_launch(config, setting) for setting in settings.measured}
+    launches = {setting: sglang_launch(setting, settings.launch_context) for setting in settings.measured}
     export_dir = Path(inputs["export_config"]).parent
-    with gpus.acquire_gpus(evaluate_gpus(config)):
-        model, draft, aux = load_models(config, model_info, export_dir)
+    with gpus.acquire_gpus(settings.gpus):
+        model, draft, aux = load_models(
+            model_info,
+            export_dir,
+            dtype=settings.dtype,
+            device=settings.device,
+            trust_remote_code=settings.trust_remote_code,
+        )
         journal = Journal(Path(outputs["json"]).parent / JOURNAL)
         try:
-            results, rows = benchmark_sets(model, draft, aux, sets, settings, journal=journal)
+            results, rows = benchmark_sets(model, draft, aux, sets, decoding, journal=journal)
         finally:
             journal.close()
         device = device_name(model.device)
-    for name, table in by_length(rows, ev["length_buckets"]).items():
+    for name, table in by_length(rows, list(settings.length_buckets)).items():
         results[name]["by_length"] = table
     placeholders = {
         TARGET_MODEL: str(model_info["hf_dir"]),
-        DRAFT_DIR: str(plan.export.path("sglang_config").parent),
+        DRAFT_DIR: str(export.path("sglang_config").parent),
     }
     recommended = recommend(results, launches, placeholders)
-    draft_info = draft_context(export_dir, config["tokenize"]["max_length"])
+    draft_info = draft_context(export_dir, settings.training_max_length)
     benchmark = {
         "key": artifact.key,
         "device": device,
-        "dtype": ev["dtype"],
-        "max_new_tokens": ev["max_new_tokens"],
-        "k": ev["k"],
-        "trees": [tree.as_json() for tree in trees],
+        "dtype": settings.dtype,
+        "max_new_tokens": settings.max_new_tokens,
+        "k": [chain.num_steps for chain in settings.chains],
+        "trees": [tree.as_json() for tree in settings.trees],
         "wall_s": time.time() - started,
         "lossless": True,
         "prompt_sets": results,
         "recommended": recommended,
-        "long_context": long_context(results, recommended, ev["long_context_drop"], draft_info),
-        "by_set": by_set(results, recommended["setting"], ev["prompt_set_drop"]),
+        "long_context": long_context(results, recommended, settings.long_context_drop, draft_info),
+        "by_set": by_set(results, recommended["setting"], settings.prompt_set_drop),
     }
     if benchmark["long_context"]["flagged"]:
         log.warning("long context: %s", benchmark["long_context"]["reason"])

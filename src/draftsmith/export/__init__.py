@@ -1,6 +1,6 @@
 """Export: the trained draft in SGLang and vLLM speculators formats: their names (`names`,
-no torch), writing (`write`), validation by reload (`validate`) and loading (`load`); what
-other stages read an export with.
+no torch), the stage's settings (`settings`, no torch), writing (`write`), validation by
+reload (`validate`) and loading (`load`); what other stages read an export with.
 
 `load_sglang_export` imports torch, so it loads on first use: the names stay torch-free."""
 

@@ -73,10 +73,3 @@ def reply_message(record: dict) -> dict:
 
 def record_usage(record: dict) -> Usage:
     return Usage(**record["usage"])
-
-
-def cost_usd(usage: Usage, openai_cfg: dict) -> float:
-    return (
-        usage.prompt_tokens * openai_cfg["price_per_million_input"]
-        + usage.completion_tokens * openai_cfg["price_per_million_output"]
-    ) / 1e6

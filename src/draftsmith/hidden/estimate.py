@@ -22,12 +22,21 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def estimate(assignment: dict, hidden_size: int, dtype: str, extract_cfg: dict, out_root: Path) -> dict:
+def estimate(
+    assignment: dict,
+    hidden_size: int,
+    dtype: str,
+    out_root: Path,
+    *,
+    storage_mode: str,
+    throughput_tok_s: float | None,
+) -> dict:
+    """`throughput_tok_s`: the measured extraction speed, for the hours (None: no estimate)."""
     from draftsmith.formats.shards.codec import bytes_per_token
 
     tokens = assignment["extract_tokens"]
     storage = {mode: round(tokens * bytes_per_token(hidden_size, dtype, mode)) for mode in MODES}
-    rate = extract_cfg["throughput_tok_s"]
+    rate = throughput_tok_s
     return {
         "samples": assignment["num_samples"],
         "mix_tokens": assignment["num_tokens"],
@@ -36,9 +45,9 @@ def estimate(assignment: dict, hidden_size: int, dtype: str, extract_cfg: dict, 
         "tokens": tokens,
         "hidden_size": hidden_size,
         "dtype": dtype,
-        "storage_mode": extract_cfg["storage"],
+        "storage_mode": storage_mode,
         "bytes_by_mode": storage,
-        "bytes_needed": storage[extract_cfg["storage"]],
+        "bytes_needed": storage[storage_mode],
         "free_bytes": free_bytes(out_root),
         "throughput_tok_s": rate,
         "estimated_hours": round(tokens / rate / 3600, 3) if rate else None,

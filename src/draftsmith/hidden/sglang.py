@@ -66,6 +66,7 @@ from draftsmith.hidden.sglang_launch import (
     RADIX_FLAG,
     CaptureError,
     CaptureMode,
+    CaptureServer,
     build_capture_command,
 )
 from draftsmith.runtime.process import ManagedServer
@@ -199,22 +200,22 @@ class SGLangCapture:
     def __init__(
         self,
         model_dir: str | Path,
-        sglang_cfg: dict,
+        server: CaptureServer,
         aux: AuxLayers,
         *,
         mode: CaptureMode = CaptureMode.AUX,
         log_path: Path | None = None,
     ) -> None:
-        self.cfg = sglang_cfg
+        self.settings = server
         self.mode = mode
-        self.cmd = build_capture_command(model_dir, self.cfg, aux, mode=mode)  # fail before launching
+        self.cmd = build_capture_command(model_dir, server, aux, mode=mode)  # fail before launching
         self.hidden_size = int(read_target_config(model_dir)["hidden_size"])
-        self.url = server_url(self.cfg)
+        self.url = server_url(server.launch_config())
         self._server = ManagedServer(
             self.cmd,
             health_url=f"{self.url}/health",
             log_path=log_path,
-            startup_timeout_s=self.cfg["startup_timeout_s"],
+            startup_timeout_s=server.startup_timeout_s,
             name=f"sglang {mode} capture",
         )
         self._client: httpx.Client | None = None
@@ -224,7 +225,7 @@ class SGLangCapture:
         self._server.__enter__()
         try:
             # trust_env=False: a proxy from the environment must not see loopback traffic.
-            timeout = httpx.Timeout(self.cfg["request_timeout_s"], connect=10.0)
+            timeout = httpx.Timeout(self.settings.request_timeout_s, connect=10.0)
             self._client = httpx.Client(timeout=timeout, trust_env=False)
         except BaseException:
             self._server.stop()

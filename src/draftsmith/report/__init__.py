@@ -1,2 +1,3 @@
 """Stage `report`: figures (`plots`), the run summary (`summary`), Snakemake report markers
-and the end-of-run HTML report (`workflow`), the rule's entry (`stage`)."""
+and the end-of-run HTML report (`workflow`), the stage's settings (`settings`), the rule's
+entry (`stage`)."""

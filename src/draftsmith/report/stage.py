@@ -9,6 +9,7 @@ from pathlib import Path
 from draftsmith.formats.markdown import to_html
 from draftsmith.fsutil import atomic
 from draftsmith.report import plots
+from draftsmith.report.settings import ReportSettings
 from draftsmith.report.summary import benchmark_markdown
 from draftsmith.runtime.jobs import optional_input
 from draftsmith.search import search_markdown
@@ -38,8 +39,9 @@ def search_section(inputs: dict) -> str | None:
     return search_markdown(_json(search_path), verdict)
 
 
-def report(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    experiment = config["experiment"]
+def report(settings: ReportSettings, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+    """Rule `report`; results/ holds no keyed artifact, so the job gets no `artifact`."""
+    experiment = settings.experiment
     data_report = _json(inputs["data_report"])
     estimate = _json(inputs["estimate"])
     train_summary = _json(inputs["train_summary"])

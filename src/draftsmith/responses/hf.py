@@ -13,6 +13,7 @@ from draftsmith.target.special_tokens import stop_ids
 
 if TYPE_CHECKING:
     from draftsmith.formats.datasets.rows import Prompt
+    from draftsmith.responses.settings import HFGeneration, Sampling
 from draftsmith.formats.datasets.conversations import structured_calls
 from draftsmith.formats.responses import Usage, response_record
 
@@ -25,23 +26,22 @@ class HFBackend:
         dataset: str,
         hf_dir: str,
         model_info: dict,
-        generation: dict,
-        hf_cfg: dict,
-        dtype: str,
+        sampling: Sampling,
+        hf: HFGeneration,
     ) -> None:
         import torch
 
         self.dataset = dataset
-        self.generation = generation
-        self.batch_size = hf_cfg["batch_size"]
+        self.sampling = sampling
+        self.batch_size = hf.batch_size
         self.tokenizer = target.load_tokenizer(hf_dir)
         self.tokenizer.padding_side = "left"
-        self.model = target.load_model(hf_dir, dtype, hf_cfg["device"])
-        self.attention = hf_cfg["attention"]
+        self.model = target.load_model(hf_dir, hf.dtype, hf.device)
+        self.attention = hf.attention
         tokens = model_info["special_tokens"]
         self.stop_ids = stop_ids(model_info)
         self.pad_id = tokens["pad_token_id"] if tokens["pad_token_id"] is not None else self.stop_ids[0]
-        torch.manual_seed(generation["seed"])
+        torch.manual_seed(sampling.seed)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         return target.prompt_ids(self.tokenizer, prompt.messages, prompt.tools)
@@ -56,7 +56,7 @@ class HFBackend:
 
     def _generate_batch(self, batch: list[tuple[Prompt, list[int]]]) -> list[dict]:
         ids = [ids for _, ids in batch]
-        generated = generate_ids(self.model, ids, self.pad_id, self.stop_ids, self.generation, self.attention)
+        generated = generate_ids(self.model, ids, self.pad_id, self.stop_ids, self.sampling, self.attention)
         return [self._record(prompt, ids, out) for (prompt, ids), out in zip(batch, generated, strict=True)]
 
     def _record(self, prompt: Prompt, prompt_ids: list[int], generated: list[int]) -> dict:
@@ -125,7 +125,7 @@ def generate_ids(
     prompts: list[list[int]],
     pad_id: int,
     stop_ids: list[int],
-    generation: dict,
+    sampling: Sampling,
     attention: str = "sdpa",
 ) -> list[list[int]]:
     """One left-padded batch through `model.generate`: each prompt's new ids (padding
@@ -138,15 +138,15 @@ def generate_ids(
     for row, ids in enumerate(prompts):
         input_ids[row, width - len(ids) :] = torch.tensor(ids)
         mask[row, width - len(ids) :] = 1
-    sampling = generation["temperature"] > 0
+    sampled = sampling.temperature > 0
     with torch.no_grad(), attention_setting(model, attention):
         out = model.generate(
             input_ids=input_ids.to(model.device),
             attention_mask=mask.to(model.device),
-            max_new_tokens=generation["max_new_tokens"],
-            do_sample=sampling,
-            temperature=generation["temperature"] if sampling else None,
-            top_p=generation["top_p"] if sampling else None,
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=sampled,
+            temperature=sampling.temperature if sampled else None,
+            top_p=sampling.top_p if sampled else None,
             eos_token_id=stop_ids,
             pad_token_id=pad_id,
         )

@@ -35,10 +35,11 @@ import httpx
 
 from draftsmith.errors import BudgetReached, GenerationError
 from draftsmith.formats.datasets.conversations import structured_calls
-from draftsmith.formats.responses import Usage, cost_usd, response_record
+from draftsmith.formats.responses import Usage, response_record
 
 if TYPE_CHECKING:
     from draftsmith.formats.datasets.rows import Prompt
+    from draftsmith.responses.settings import OpenAIGeneration, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -203,26 +204,25 @@ def _token_ids(*candidates: Any) -> list[int] | None:
 class OpenAIBackend:
     """`Backend` for `generation.backend: openai` (and a launched SGLang server).
 
-    `openai_cfg` is the validated `generation.openai` section; `generation`
-    holds max_new_tokens, temperature, top_p and seed; `served_model` is the
-    `model` sent when `openai_cfg["model"]` is null.
+    `served_model` is the `model` sent when `openai.model` is None.
     """
 
-    def __init__(self, dataset: str, openai_cfg: dict, generation: dict, served_model: str) -> None:
+    def __init__(self, dataset: str, openai: OpenAIGeneration, sampling: Sampling, served_model: str) -> None:
         self.dataset = dataset
-        self.cfg = openai_cfg
-        self.url = openai_cfg["base_url"].rstrip("/") + "/chat/completions"
-        self.model = openai_cfg["model"] or served_model
-        self.generation = generation
-        self.budget: float | None = openai_cfg["budget_usd"]
+        self.cfg = openai
+        self.url = openai.base_url.rstrip("/") + "/chat/completions"
+        self.model = openai.model or served_model
+        self.sampling = sampling
+        self.budget = openai.budget_usd
+        self.extra_body = openai.extra_fields()
         self._key = self._read_key()
         self._warned_usage = False
-        no_prices = not (openai_cfg["price_per_million_input"] or openai_cfg["price_per_million_output"])
+        no_prices = not (openai.price_per_million_input or openai.price_per_million_output)
         if self.budget is not None and no_prices:
             log.warning("budget_usd is set but both prices are 0: the cost stays $0")
 
     def _read_key(self) -> str | None:
-        name = self.cfg["api_key_env"]
+        name = self.cfg.api_key_env
         if not name:
             return None
         key = os.environ.get(name)
@@ -246,7 +246,7 @@ class OpenAIBackend:
         started = time.monotonic()
         state = _RunState(spent=spent)
         queue = deque(prompts)
-        workers = min(self.cfg["concurrency"], len(prompts))
+        workers = min(self.cfg.concurrency, len(prompts))
         async with self._client(workers) as client:
             tasks = [asyncio.create_task(self._worker(client, queue, emit, state)) for _ in range(workers)]
             await _first_error(tasks)
@@ -257,7 +257,7 @@ class OpenAIBackend:
             state.retries,
             state.usage.prompt_tokens,
             state.usage.completion_tokens,
-            cost_usd(state.usage, self.cfg),
+            self.cfg.cost_usd(state.usage),
             time.monotonic() - started,
         )
         if queue:
@@ -267,7 +267,7 @@ class OpenAIBackend:
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         return httpx.AsyncClient(
             headers=headers,
-            timeout=httpx.Timeout(self.cfg["timeout_s"]),
+            timeout=httpx.Timeout(self.cfg.timeout_s),
             limits=httpx.Limits(max_connections=workers, max_keepalive_connections=workers),
         )
 
@@ -275,7 +275,7 @@ class OpenAIBackend:
         total = Usage()
         total.add(state.spent)
         total.add(state.usage)
-        return cost_usd(total, self.cfg)
+        return self.cfg.cost_usd(total)
 
     def _over_budget(self, state: _RunState) -> bool:
         return self.budget is not None and self._total_cost(state) >= self.budget
@@ -326,21 +326,21 @@ class OpenAIBackend:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [_wire_message(m) for m in prompt.messages],
-            "max_tokens": self.generation["max_new_tokens"],
-            "temperature": self.generation["temperature"],
-            "top_p": self.generation["top_p"],
-            "seed": self.generation["seed"],
+            "max_tokens": self.sampling.max_new_tokens,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "seed": self.sampling.seed,
         }
         if prompt.tools:
             body["tools"] = prompt.tools
-        if self.cfg["request_token_ids"]:
+        if self.cfg.request_token_ids:
             body.update(TOKEN_ID_FIELDS)
-        body.update(self.cfg["extra_body"])
+        body.update(self.extra_body)
         return body
 
     async def _complete(self, client: httpx.AsyncClient, prompt: Prompt, state: _RunState) -> _Answer:
         body = self._body(prompt)
-        max_retries = self.cfg["max_retries"]
+        max_retries = self.cfg.max_retries
         for attempt in range(max_retries + 1):
             try:
                 return await self._attempt(client, body, prompt)
@@ -368,15 +368,15 @@ class OpenAIBackend:
         )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        cap = self.cfg["max_backoff_s"]
+        cap = self.cfg.max_backoff_s
         if retry_after is not None:
             return min(retry_after, cap)
         # Equal jitter: at least half the exponential step, so waits still grow.
-        step = min(cap, self.cfg["backoff_s"] * 2**attempt)
+        step = min(cap, self.cfg.backoff_s * 2**attempt)
         return step / 2 + random.uniform(0, step / 2)
 
     async def _attempt(self, client: httpx.AsyncClient, body: dict, prompt: Prompt) -> _Answer:
-        timeout = self.cfg["timeout_s"]
+        timeout = self.cfg.timeout_s
         try:
             # httpx's timeout is per socket operation; this bounds the whole request.
             async with asyncio.timeout(timeout):
@@ -400,7 +400,7 @@ class OpenAIBackend:
             retry_after = parse_retry_after(response.headers.get("retry-after"))
             raise _Retryable(message, retry_after)
         hint = ""
-        if status == 422 and self.cfg["request_token_ids"]:
+        if status == 422 and self.cfg.request_token_ids:
             hint = " (if the server rejects return_token_ids, set generation.openai.request_token_ids: false)"
         raise GenerationError(
             self._safe(

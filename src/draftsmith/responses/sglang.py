@@ -9,23 +9,23 @@ ends, fails or is interrupted (see `draftsmith.runtime.process`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftsmith.runtime.process import ManagedServer
-from draftsmith.runtime.sglang import launch_command, server_url
+from draftsmith.runtime.sglang import base_launch_command, server_url
 
 if TYPE_CHECKING:
     from draftsmith.formats.datasets.rows import Prompt
     from draftsmith.formats.responses import Usage
+    from draftsmith.responses.settings import OpenAIGeneration, Sampling, SGLangServer
 
-_SECTION = "generation.sglang"
 
-
-def build_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
+def build_launch_command(model_dir: str, server: SGLangServer) -> list[str]:
     """The `sglang.launch_server` command line for generation with the plain target (its extra
-    args refused as every launch's are: `runtime.sglang.check_extra_args`)."""
-    return launch_command(model_dir, sglang_cfg, _SECTION)
+    args were refused, where they had to be, as `server` was built)."""
+    return base_launch_command(model_dir, server.launch_config()) + list(server.extra_args)
 
 
 class SGLangBackend:
@@ -33,29 +33,29 @@ class SGLangBackend:
         self,
         dataset: str,
         model_dir: str,
-        sglang_cfg: dict,
-        openai_cfg: dict,
-        generation: dict,
+        server: SGLangServer,
+        openai: OpenAIGeneration,
+        sampling: Sampling,
         log_path: Path | None,
     ) -> None:
         self.dataset = dataset
         self.model_dir = model_dir
-        self.sglang_cfg = sglang_cfg
-        self.generation = generation
+        self.server = server
+        self.sampling = sampling
         self.log_path = log_path
-        self.cmd = build_launch_command(model_dir, sglang_cfg)  # fail before any work
+        self.cmd = build_launch_command(model_dir, server)
+        self.url = server_url(server.launch_config())
         # Our own server serves model_dir and needs no key: never send it a paid-API key.
-        url = f"{server_url(sglang_cfg)}/v1"
-        self.openai_cfg = {**openai_cfg, "base_url": url, "model": None, "api_key_env": None}
+        self.openai = replace(openai, base_url=f"{self.url}/v1", model=None, api_key_env=None)
         self._server: ManagedServer | None = None
 
     def __enter__(self) -> SGLangBackend:
         """Keep one server for every `generate` until exit (the rounds of `every_turn`)."""
         self._server = ManagedServer(
             self.cmd,
-            health_url=f"{server_url(self.sglang_cfg)}/health",
+            health_url=f"{self.url}/health",
             log_path=self.log_path,
-            startup_timeout_s=self.sglang_cfg["startup_timeout_s"],
+            startup_timeout_s=self.server.startup_timeout_s,
             name=f"sglang server for {self.dataset}",
         )
         self._server.__enter__()
@@ -73,5 +73,5 @@ class SGLangBackend:
         # Imported here: the OpenAI backend (and its client) is only needed now.
         from draftsmith.responses.openai_api import OpenAIBackend
 
-        backend = OpenAIBackend(self.dataset, self.openai_cfg, self.generation, served_model=self.model_dir)
+        backend = OpenAIBackend(self.dataset, self.openai, self.sampling, served_model=self.model_dir)
         backend.generate(prompts, emit, spent)

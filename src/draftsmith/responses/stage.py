@@ -18,88 +18,89 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from draftsmith import config as cfg
 from draftsmith.errors import GenerationError
 from draftsmith.formats.datasets.load import load_prompts
 from draftsmith.formats.datasets.rows import LoadedDataset, Prompt
-from draftsmith.formats.responses import Usage, cost_usd, record_usage
+from draftsmith.formats.responses import Usage, record_usage
 from draftsmith.fsutil import atomic
 from draftsmith.responses import turns
+from draftsmith.responses.settings import OpenAIGeneration, ResponsesSettings
 from draftsmith.runtime import gpus
 from draftsmith.runtime.jobs import TokenRate, progress
-from draftsmith.runtime.resources import responses_gpus
 from draftsmith.store import answers, manifest
-from draftsmith.store.plan import Artifact, plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.target.load import load_tokenizer, longest_token_chars, model_info, prompt_ids
 
 log = logging.getLogger(__name__)
 
 
-def responses(config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """Rule `responses`: the target's answer to every prompt of one dataset."""
-    plan = plan_for(config)
-    artifact = plan.responses[dataset]
-    entry = cfg.dataset_settings(config, dataset)
+def responses(
+    settings: ResponsesSettings,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None = None,
+    *,
+    answer_store: str,
+) -> dict:
+    """Rule `responses`: the target's answer to every prompt of one dataset. `answer_store`:
+    the planned answer store of the dataset's generation key."""
     # The answer store's lock first, so a job waiting for its turn holds no GPU; GPUs are
     # leased before anything initialises CUDA and held until the last answer is written.
-    with (
-        answers.opened(plan.answers[dataset]) as store,
-        gpus.acquire_gpus(responses_gpus(config, entry["generation"]["backend"])),
-    ):
-        return _responses(config, dataset, entry, artifact, store, inputs, outputs, log_file)
+    with answers.opened(Path(answer_store)) as store, gpus.acquire_gpus(settings.gpus):
+        return _responses(settings, artifact, store, inputs, outputs, log_file)
 
 
 def _responses(
-    config: dict,
-    dataset: str,
-    entry: dict,
+    settings: ResponsesSettings,
     artifact: Artifact,
     store: answers.AnswerStore,
     inputs: dict,
     outputs: dict,
     log_file: str | None,
 ) -> dict:
+    dataset = artifact.dataset
     info = model_info(inputs["model"])
-    tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
+    tokenizer = load_tokenizer(info["hf_dir"], settings.trust_remote_code)
 
     def count_tokens(messages: list[dict], tools: list[dict] | None) -> int:
         return len(prompt_ids(tokenizer, messages, tools))
 
     loaded = load_prompts(
-        dataset, entry, count_tokens, longest_token_chars(tokenizer), planned_sha256=artifact.params["source"]
+        dataset,
+        settings.source.entry(),
+        count_tokens,
+        longest_token_chars(tokenizer),
+        planned_sha256=artifact.params["source"],
     )
     # The server writes beside the rule log (the rule log is this job's own).
     server_log = Path(log_file or outputs["responses"]).with_suffix(".server.log")
     return run(
         dataset=dataset,
         loaded=loaded,
-        backend=lambda: make_backend(config, dataset, entry, info, server_log),
+        backend=lambda: make_backend(settings, dataset, info, server_log),
         artifact=artifact,
         store=store,
         outputs=outputs,
-        openai_cfg=config["generation"]["openai"],
-        regenerate=entry["regenerate"],
+        openai=settings.openai,
+        regenerate=settings.source.regenerate,
     )
 
 
-def make_backend(config: dict, dataset: str, entry: dict, info: dict, server_log: Path) -> Backend:
-    generation = entry["generation"]
-    gen_cfg = config["generation"]
-    if generation["backend"] == "hf":
+def make_backend(settings: ResponsesSettings, dataset: str, info: dict, server_log: Path) -> Backend:
+    if settings.backend == "hf":
         from draftsmith.responses.hf import HFBackend
 
-        return HFBackend(
-            dataset, info["hf_dir"], info, generation, gen_cfg["hf"], cfg.generation_dtype(config)
-        )
-    if generation["backend"] == "openai":
+        return HFBackend(dataset, info["hf_dir"], info, settings.sampling, settings.hf)
+    if settings.backend == "openai":
         from draftsmith.responses.openai_api import OpenAIBackend
 
-        served = gen_cfg["openai"]["model"] or info["hf_dir"]
-        return OpenAIBackend(dataset, gen_cfg["openai"], generation, served_model=served)
+        served = settings.openai.model or info["hf_dir"]
+        return OpenAIBackend(dataset, settings.openai, settings.sampling, served_model=served)
     from draftsmith.responses.sglang import SGLangBackend
 
     return SGLangBackend(
-        dataset, info["hf_dir"], gen_cfg["sglang"], gen_cfg["openai"], generation, server_log
+        dataset, info["hf_dir"], settings.sglang, settings.openai, settings.sampling, server_log
     )
 
 
@@ -123,11 +124,12 @@ def run(
     artifact: Artifact,
     store: answers.AnswerStore,
     outputs: dict,
-    openai_cfg: dict,
+    openai: OpenAIGeneration,
     regenerate: str = "last",
 ) -> dict:
     """Generate what the answer `store` (held) lacks, then write `outputs` (responses,
-    bad_rows, manifest). `backend` makes the backend, only when there is something to ask.
+    bad_rows, manifest). `backend` makes the backend, only when there is something to ask;
+    `openai`'s prices cost the answers.
     `regenerate` "last": one answer per prompt; "every_turn": every assistant turn of each
     conversation (`responses.turns`), one record per turn."""
     started = time.time()
@@ -150,7 +152,7 @@ def run(
         "skipped_over_cap": loaded.skipped_over_cap,
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
-        "cost_usd": round(cost_usd(usage, openai_cfg), 6),
+        "cost_usd": round(openai.cost_usd(usage), 6),
         "finish_reasons": _count(r["finish_reason"] for r in records),
         "with_token_ids": sum(r["response_token_ids"] is not None for r in records),
         "with_reasoning": sum(bool(r["reasoning"]) for r in records),

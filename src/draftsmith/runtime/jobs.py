@@ -164,9 +164,9 @@ def from_snakemake(smk, stage: Callable[..., object]) -> None:
     its stage's settings and planned artifact (`settings`, `artifact`, resolved once by
     `workflow.configure`), and what else the rule hands it; a stage that needs the job's
     thread count declares it as a param (`threads=lambda wildcards, threads: threads`).
-    The job still plans the raw config once, to refuse outputs an input changed under. A job that builds into the
-    store holds its store lock (`store.lock`) and skips the work when another process
-    finished it meanwhile.
+    The job still plans the raw config once, to refuse outputs an input changed under. A
+    job that builds into the store holds its store lock (`store.lock`) and skips the work
+    when another process finished it meanwhile.
     """
     # Native thread pools (OpenMP in torch, BLAS) size themselves from this when they
     # start: jobs sharing a small box must not each start one thread per core (a
@@ -180,15 +180,12 @@ def from_snakemake(smk, stage: Callable[..., object]) -> None:
         if not needed:
             return
         check_planned(plan_for(smk.config), list(smk.output))
-        params = dict(smk.params.items())
-        if "settings" not in params:  # a stage not yet handed its settings
-            params["config"] = smk.config
         try:
             stage(
                 inputs=dict(smk.input.items()),
                 outputs=dict(smk.output.items()),
                 log_file=log_file,
-                **params,
+                **dict(smk.params.items()),
             )
         except Exception as exc:
             full = atomic.disk_full(smk.output[0], exc) if smk.output else None

@@ -1,5 +1,5 @@
 """The settings search's grid: every valid (num_steps, topk, num_draft_tokens) of the
-`search` lists, and the config check.
+`search` lists.
 
 A combination is skipped, with its reason, rather than failing the run: the grid is a
 cross product, so one impossible corner (8 draft tokens in a 2-step, topk-2 tree that has
@@ -9,7 +9,8 @@ cross product, so one impossible corner (8 draft tokens in a 2-step, topk-2 tree
   ahead and no further, so deeper steps run an untrained extrapolation;
 - topk above `train.draft_vocab_size` (the draft cannot rank more tokens than it knows).
 topk 1 is a chain, which SGLang runs with num_draft_tokens = num_steps + 1 whatever it is
-given: it is measured once per num_steps with that count. A grid left empty is an error.
+given: it is measured once per num_steps with that count. A grid left empty is refused
+when the search's settings are built (`SearchSettings.of`).
 
 The order (num_steps, then topk, then num_draft_tokens, ascending) is the tie-break of
 the search: of equal speed-ups the smaller setting wins.
@@ -19,14 +20,11 @@ No torch here: config validation imports this module.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import product
 
-from draftsmith.config import search_prompt_set
-from draftsmith.errors import ConfigError
 from draftsmith.speculation import Speculation
-
-SECTION = "search"
 
 
 @dataclass(frozen=True)
@@ -40,59 +38,46 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Grid:
-    settings: list[Speculation]  # in search order: ascending num_steps, topk, num_draft_tokens
-    skipped: list[Skipped]
+    settings: tuple[Speculation, ...]  # in search order: ascending num_steps, topk, num_draft_tokens
+    skipped: tuple[Skipped, ...]
 
 
-def build_grid(config: dict) -> Grid:
-    """The valid settings of `search`'s lists for the draft `train` describes, and the skipped ones."""
-    search = config[SECTION]
+def build_grid(
+    num_steps: Iterable[int],
+    topk: Iterable[int],
+    num_draft_tokens: Iterable[int],
+    *,
+    ttt_steps: int,
+    draft_vocab_size: int,
+) -> Grid:
+    """The valid settings of the lists for a draft trained `ttt_steps` ahead over
+    `draft_vocab_size` tokens, and the skipped ones."""
     settings, skipped = [], []
-    for num_steps, topk in product(sorted(search["num_steps"]), sorted(search["topk"])):
-        if topk == 1:  # a chain: one num_draft_tokens only (`Speculation.check`)
-            candidates = [Speculation.chain(num_steps)]
+    for steps, k in product(sorted(num_steps), sorted(topk)):
+        if k == 1:  # a chain: one num_draft_tokens only (`Speculation.check`)
+            candidates = [Speculation.chain(steps)]
         else:
-            candidates = [Speculation(num_steps, topk, n) for n in sorted(search["num_draft_tokens"])]
+            candidates = [Speculation(steps, k, n) for n in sorted(num_draft_tokens)]
         for setting in candidates:
-            reason = _refusal(setting, config["train"])
+            reason = _refusal(setting, ttt_steps, draft_vocab_size)
             if reason:
                 skipped.append(Skipped(setting, reason))
             else:
                 settings.append(setting)
-    return Grid(settings, skipped)
+    return Grid(tuple(settings), tuple(skipped))
 
 
-def _refusal(setting: Speculation, train: dict) -> str | None:
+def _refusal(setting: Speculation, ttt_steps: int, draft_vocab_size: int) -> str | None:
     """Why the search does not measure `setting` (None: it does)."""
-    if setting.num_steps > train["ttt_steps"]:
+    if setting.num_steps > ttt_steps:
         return (
-            f"num_steps {setting.num_steps} exceeds train.ttt_steps {train['ttt_steps']}: the draft "
+            f"num_steps {setting.num_steps} exceeds train.ttt_steps {ttt_steps}: the draft "
             "was not trained to propose that far ahead"
         )
-    if setting.topk > train["draft_vocab_size"]:
-        size = train["draft_vocab_size"]
-        return f"topk {setting.topk} exceeds the draft vocabulary (train.draft_vocab_size {size})"
+    if setting.topk > draft_vocab_size:
+        return f"topk {setting.topk} exceeds the draft vocabulary (train.draft_vocab_size {draft_vocab_size})"
     try:
         setting.check()
     except ValueError as exc:
         return str(exc)
     return None
-
-
-def check_config(config: dict) -> None:
-    """Refuse a search on a prompt set evaluate does not define, or a grid with no valid setting."""
-    name = search_prompt_set(config)
-    sets = config["evaluate"]["prompt_sets"]
-    if name not in sets:
-        known = sorted(sets) or "none configured"
-        raise ConfigError(
-            f"{SECTION}.prompt_set: {name!r} is not a set of evaluate.prompt_sets (known: {known})"
-        )
-    grid = build_grid(config)
-    if not grid.settings:
-        search = config[SECTION]
-        reasons = "; ".join(dict.fromkeys(skip.reason for skip in grid.skipped))
-        raise ConfigError(
-            f"{SECTION}: no valid setting in num_steps {search['num_steps']} x topk {search['topk']} x "
-            f"num_draft_tokens {search['num_draft_tokens']}: {reasons}"
-        )

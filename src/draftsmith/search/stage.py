@@ -39,13 +39,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from draftsmith import config as cfg
 from draftsmith.errors import DraftsmithError
 from draftsmith.evaluate import (
     DRAFT_DIR,
     TARGET_MODEL,
+    EvaluateSettings,
     Launch,
     Settings,
     benchmark_sets,
@@ -57,13 +58,12 @@ from draftsmith.evaluate import (
 from draftsmith.formats.prompt_sets import EvalPrompt, check_overlap, load_prompt_set, training_prompts
 from draftsmith.fsutil import atomic
 from draftsmith.runtime import gpus
-from draftsmith.runtime.resources import evaluate_gpus
-from draftsmith.search.grid import Grid, build_grid, check_config
 from draftsmith.search.halving import Round, best, ranking, schedule, successive_halving
+from draftsmith.search.settings import SearchSettings
 from draftsmith.search.summary import search_markdown
 from draftsmith.speculation import BASELINE, Speculation
 from draftsmith.store import manifest
-from draftsmith.store.plan import SEARCH_GRID, plan_for
+from draftsmith.store.plan import SEARCH_GRID, Artifact
 from draftsmith.target import load as target
 
 log = logging.getLogger(__name__)
@@ -90,13 +90,13 @@ class Measurements:
         self.rows: list[dict] = []
         self.rounds = 0
 
-    def decode(self, settings: list[Speculation], prompts: list[EvalPrompt], desc: str) -> list[dict]:
+    def decode(self, settings: Sequence[Speculation], prompts: list[EvalPrompt], desc: str) -> list[dict]:
         """Rows of the target alone and of each setting on `prompts`, each output checked lossless."""
-        chosen = Settings(settings, self.max_new_tokens, self.stops, warmup_prompts=0)
+        chosen = Settings(list(settings), self.max_new_tokens, self.stops, warmup_prompts=0)
         _, rows = benchmark_sets(*self.models, {self.set_name: prompts}, chosen, desc=desc)
         return rows
 
-    def warm_up(self, settings: list[Speculation], count: int) -> None:
+    def warm_up(self, settings: Sequence[Speculation], count: int) -> None:
         if count:
             self.decode(settings, self.prompts[:count], "search warm-up")  # untimed: rows dropped
 
@@ -147,17 +147,18 @@ def _rate(rows: list[dict]) -> float:
     return tokens / seconds
 
 
-def warm_up_settings(settings: list[Speculation]) -> list[Speculation]:
+def warm_up_settings(settings: Sequence[Speculation]) -> list[Speculation]:
     """The first chain and the first tree: every decoding path, at a fraction of the grid's cost."""
     chains = [s for s in settings if s.is_chain]
     trees = [s for s in settings if not s.is_chain]
     return chains[:1] + trees[:1]
 
 
-def _log_schedule(grid: Grid, prompts: int, search: dict) -> None:
+def _log_schedule(settings: SearchSettings, prompts: int) -> None:
+    grid = settings.grid
     for skipped in grid.skipped:
         log.info("skipped %s: %s", skipped.setting.shape, skipped.reason)
-    rounds = schedule(len(grid.settings), search["first_prompts"], prompts, search["eta"])
+    rounds = schedule(len(grid.settings), settings.first_prompts, prompts, settings.eta)
     log.info(
         "%d settings in %d rounds (settings x prompts): %s",
         len(grid.settings),
@@ -182,7 +183,7 @@ def table_rows(
     ]
 
 
-def rounds_json(rounds: list[Round], settings: list[Speculation]) -> list[dict]:
+def rounds_json(rounds: list[Round], settings: Sequence[Speculation]) -> list[dict]:
     return [
         {
             "round": r.number,
@@ -194,44 +195,50 @@ def rounds_json(rounds: list[Round], settings: list[Speculation]) -> list[dict]:
     ]
 
 
-def search(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
-    """Rule `search`: successive halving over the grid on one held-out prompt set."""
+def search(
+    settings: SearchSettings,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None = None,
+    *,
+    evaluate: EvaluateSettings,
+    export: Artifact,
+) -> dict:
+    """Rule `search`: successive halving over the grid on one held-out prompt set, decoded as
+    `evaluate` decodes; the recommended launch names the `sglang/` directory of `export`."""
     started = time.time()
-    check_config(config)  # validation checks it only when enabled; the rule can be asked for anyway
-    plan = plan_for(config)
-    ev, search_cfg = config["evaluate"], config["search"]
     model_info = target.model_info(inputs["model"])
     name, prompts = prompt_set = load_prompts(
-        config, inputs, model_info, plan.search.params["prompts"]["source"]
+        settings, evaluate, inputs, model_info, artifact.params["prompts"]["source"]
     )
-    grid = build_grid(config)
-    settings = grid.settings
+    grid = settings.grid.settings
     # Every launch is built (and so checked) before any decoding: a refusal comes first.
-    launches = {setting: sglang_launch(config, setting) for setting in settings}
-    _log_schedule(grid, len(prompts), search_cfg)
-    with gpus.acquire_gpus(evaluate_gpus(config)):
+    launches = {setting: sglang_launch(setting, evaluate.launch_context) for setting in grid}
+    _log_schedule(settings, len(prompts))
+    with gpus.acquire_gpus(evaluate.gpus):
         export_dir = Path(inputs["export_config"]).parent
-        measurements, rounds, device = run_search(config, export_dir, model_info, prompt_set, settings)
+        measurements, rounds, device = run_search(settings, evaluate, export_dir, model_info, prompt_set)
     commands = {setting: command_line(launch.command) for setting, launch in launches.items()}
-    table = table_rows(ranking(settings, rounds), measurements, commands)
-    winner = next(s for s in settings if s.label == table[0]["setting"])
+    table = table_rows(ranking(grid, rounds), measurements, commands)
+    winner = next(s for s in grid if s.label == table[0]["setting"])
     placeholders = {
         TARGET_MODEL: str(model_info["hf_dir"]),
-        DRAFT_DIR: str(plan.export.path("sglang_config").parent),
+        DRAFT_DIR: str(export.path("sglang_config").parent),
     }
     result = {
-        "key": plan.search.key,
+        "key": artifact.key,
         "device": device,
-        "dtype": ev["dtype"],
-        "max_new_tokens": ev["max_new_tokens"],
+        "dtype": evaluate.dtype,
+        "max_new_tokens": evaluate.max_new_tokens,
         "prompt_set": name,
         "prompts": len(prompts),
-        "first_prompts": search_cfg["first_prompts"],
-        "eta": search_cfg["eta"],
-        "grid_lists": {key: sorted(search_cfg[key]) for key in SEARCH_GRID},
-        "grid": [{"setting": s.label, **s.as_json()} for s in settings],
-        "skipped": [skipped.as_json() for skipped in grid.skipped],
-        "rounds": rounds_json(rounds, settings),
+        "first_prompts": settings.first_prompts,
+        "eta": settings.eta,
+        "grid_lists": {key: list(getattr(settings, key)) for key in SEARCH_GRID},
+        "grid": [{"setting": s.label, **s.as_json()} for s in grid],
+        "skipped": [skipped.as_json() for skipped in settings.grid.skipped],
+        "rounds": rounds_json(rounds, grid),
         "table": table,
         "decodes": len(measurements.rows),
         "wall_s": time.time() - started,
@@ -240,38 +247,50 @@ def search(config: dict, inputs: dict, outputs: dict, log_file: str | None = Non
     }
     log.info("recommended: %s", json.dumps(result["recommended"]))
     write_outputs(result, outputs)
-    stats = {"device": device, "settings": len(settings), "rounds": len(rounds), "decodes": result["decodes"]}
-    manifest.write(plan.search, outputs["manifest"], [outputs["json"], outputs["md"]], stats, started)
+    stats = {"device": device, "settings": len(grid), "rounds": len(rounds), "decodes": result["decodes"]}
+    manifest.write(artifact, outputs["manifest"], [outputs["json"], outputs["md"]], stats, started)
     return result
 
 
-def load_prompts(config: dict, inputs: dict, model_info: dict, planned_sha256: str) -> PromptSet:
+def load_prompts(
+    settings: SearchSettings, evaluate: EvaluateSettings, inputs: dict, model_info: dict, planned_sha256: str
+) -> PromptSet:
     """The searched prompt set's name and prompts (its file's content hash `planned_sha256`),
     rendered as the evaluator renders them and checked against the training prompts (a
     trained-on prompt inflates acceptance)."""
-    name = cfg.search_prompt_set(config)
-    tokenizer = target.load_tokenizer(model_info["hf_dir"], config["model"]["trust_remote_code"])
-    entry = config["evaluate"]["prompt_sets"][name]
-    prompts = load_prompt_set(name, entry, tokenizer, config["generation"]["system_prompt"], planned_sha256)
+    entry = settings.prompt_set
+    tokenizer = target.load_tokenizer(model_info["hf_dir"], evaluate.trust_remote_code)
+    prompts = load_prompt_set(entry.name, entry.as_entry(), tokenizer, evaluate.system_prompt, planned_sha256)
     if not prompts:
-        raise SearchError(f"evaluate.prompt_sets.{name}: no prompt to search on")
-    check_overlap({name: prompts}, training_prompts(inputs["merged"], inputs["responses"]))
-    return name, prompts
+        raise SearchError(f"evaluate.prompt_sets.{entry.name}: no prompt to search on")
+    check_overlap({entry.name: prompts}, training_prompts(inputs["merged"], inputs["responses"]))
+    return entry.name, prompts
 
 
 def run_search(
-    config: dict, export_dir: Path, model_info: dict, prompt_set: PromptSet, settings: list[Speculation]
+    settings: SearchSettings,
+    evaluate: EvaluateSettings,
+    export_dir: Path,
+    model_info: dict,
+    prompt_set: PromptSet,
 ) -> tuple[Measurements, list[Round], str]:
     """Load the models, warm up, run the rounds; the measurements, rounds and device name."""
     from draftsmith.target.special_tokens import stop_ids
 
-    ev, search_cfg = config["evaluate"], config["search"]
     name, prompts = prompt_set
-    models = load_models(config, model_info, export_dir)
-    measurements = Measurements(models, name, prompts, ev["max_new_tokens"], stop_ids(model_info))
-    measurements.warm_up(warm_up_settings(settings), ev["warmup_prompts"])
-    first, eta = search_cfg["first_prompts"], search_cfg["eta"]
-    rounds = successive_halving(settings, first, len(prompts), eta, measurements.speedups)
+    models = load_models(
+        model_info,
+        export_dir,
+        dtype=evaluate.dtype,
+        device=evaluate.device,
+        trust_remote_code=evaluate.trust_remote_code,
+    )
+    measurements = Measurements(models, name, prompts, evaluate.max_new_tokens, stop_ids(model_info))
+    grid = settings.grid.settings
+    measurements.warm_up(warm_up_settings(grid), evaluate.warmup_prompts)
+    rounds = successive_halving(
+        grid, settings.first_prompts, len(prompts), settings.eta, measurements.speedups
+    )
     return measurements, rounds, device_name(models[0].device)
 
 

@@ -19,12 +19,13 @@ parser CI installs, requirements/sglang-parser.txt; arg_groups/fields/spec.py):
 - SGLANG_SIMULATE_ACC_LEN in the server's environment makes SGLang fake the acceptance
   length (speculative/spec_utils.py: "turn off if < 0"), so a run with it set is refused.
 
-Plan-time checks (`check_config`, called from config validation) see only the config;
-`check_draft` repeats the context check against the exported config.json at run time.
-`launch_command` also builds the evaluator's recommended launch (a chain or a tree), and
-`check_launch` has SGLang's own argument parser read it where SGLang is importable.
-`draft_command` serves any setting, chain or tree: the configured chains
-(`configured_chain`) and the settings search's best settings.
+The refusals of the config alone run once, as the stage's settings are built
+(`settings.ServeBenchSettings.of`); the job checks what only it sees: the exported draft's
+config.json (`check_draft`), the target's context (`serving_context`) and its environment.
+`check_launch` has SGLang's own argument parser read a launch (the evaluator's recommended
+one too, a chain or a tree) where SGLang is importable.
+`draft_command` serves any setting, chain or tree: the configured chains and the settings
+search's best settings.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.config import export_serving_context
 from draftsmith.errors import ConfigError
 from draftsmith.export import SGLANG_ARCHITECTURE
 from draftsmith.runtime import sglang
@@ -75,30 +76,56 @@ class ServeBenchError(ConfigError):
     """A benchmark that would measure something other than it says, or an answer that does not fit."""
 
 
-def launch_settings(bench_cfg: dict, port: int) -> dict:
-    """The generation.sglang-shaped block `runtime.sglang.launch_command` reads, for one server."""
-    configured = bench_cfg["sglang"]
-    keys = ("python", "tp_size", "mem_fraction_static", "context_length", "extra_args")
-    return {**{key: configured[key] for key in keys}, "host": HOST, "port": port}
+@dataclass(frozen=True)
+class Server:
+    """How the benchmark's servers start (`serve_benchmark.sglang`); they serve on `HOST`."""
+
+    python: str
+    port: int | None  # None: a free loopback port, picked when the job starts
+    tp_size: int
+    mem_fraction_static: float | None
+    context_length: int | None  # None: the target's own
+    extra_args: tuple[str, ...]
+    startup_timeout_s: float
+    request_timeout_s: float
+
+    @classmethod
+    def of(cls, sglang_section: dict) -> Server:
+        fields = {key: sglang_section[key] for key in cls.__dataclass_fields__}
+        return cls(**fields | {"extra_args": tuple(str(arg) for arg in sglang_section["extra_args"])})
+
+    def launch_block(self, port: int) -> dict:
+        """The generation.sglang-shaped block `runtime.sglang.launch_command` reads, for one server."""
+        keys = ("python", "tp_size", "mem_fraction_static", "context_length")
+        block = {key: getattr(self, key) for key in keys}
+        return block | {"extra_args": list(self.extra_args), "host": HOST, "port": port}
 
 
 def draft_command(
-    model_dir: str | Path, bench_cfg: dict, port: int, draft_dir: str | Path, setting: Speculation
+    model_dir: str | Path,
+    server: Server,
+    port: int,
+    draft_dir: str | Path,
+    setting: Speculation,
+    algorithm: str,
 ) -> list[str]:
     """The `sglang.launch_server` command of the target with the draft at `setting`."""
-    flags = speculative_flags(setting, bench_cfg["speculative_algorithm"], draft_dir)
-    return launch_command(model_dir, bench_cfg, port, flags)
+    return launch_command(model_dir, server, port, speculative_flags(setting, algorithm, draft_dir))
 
 
 def launch_command(
-    model_dir: str | Path, bench_cfg: dict, port: int, speculative: Sequence[str] = ()
+    model_dir: str | Path, server: Server, port: int, speculative: Sequence[str] = ()
 ) -> list[str]:
-    """`bench_cfg`'s server for `model_dir`, the `speculative` flags (`speculative_flags`), then
-    the extra args, refused if they would change what is served."""
-    settings = launch_settings(bench_cfg, port)
+    """`server` for `model_dir`, the `speculative` flags (`speculative_flags`), then the extra
+    args, refused if they would change what is served."""
     try:
         return sglang.launch_command(
-            str(model_dir), settings, SGLANG_SECTION, flags=speculative, owned=_OWNED, speculative=True
+            str(model_dir),
+            server.launch_block(port),
+            SGLANG_SECTION,
+            flags=speculative,
+            owned=_OWNED,
+            speculative=True,
         )
     except SGLangConfigError as exc:
         raise ServeBenchError(str(exc)) from None
@@ -132,65 +159,13 @@ def check_launch(cmd: list[str], checked: Sequence[str]) -> bool:
 
 
 # --- refusals ------------------------------------------------------------------------------
-def check_config(config: dict) -> None:
-    """Plan-time checks of an enabled serve_benchmark block; all problems in one error."""
-    bench = config[SECTION]
-    checks: list[Callable[[], None]] = [
-        lambda: _check_prompt_set(bench, config["evaluate"]["prompt_sets"]),
-        lambda: check_algorithm(bench["speculative_algorithm"]),
-        *[lambda k=k: configured_chain(bench, k) for k in bench["k"]],
-        lambda: check_extra_args([str(a) for a in bench["sglang"]["extra_args"]]),
-        lambda: _check_planned_context(config),
-    ]
-    problems = []
-    for check in checks:
-        try:
-            check()
-        except ServeBenchError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise ServeBenchError("; ".join(dict.fromkeys(problems)))
-
-
-def _check_prompt_set(bench: dict, prompt_sets: Mapping) -> None:
-    name = bench["prompt_set"]
-    if name not in prompt_sets:
-        known = sorted(prompt_sets) or "none configured"
-        raise ServeBenchError(
-            f"{SECTION}.prompt_set: {name!r} is not a set of evaluate.prompt_sets (known: {known})"
-        )
-
-
-def check_algorithm(algorithm: str, architectures: list[str] | None = None) -> None:
-    """Refuse EAGLE for an EAGLE-3 draft; `architectures` (from the draft's config.json) default to
-    what this pipeline exports."""
-    if architectures is not None and SGLANG_ARCHITECTURE not in architectures:
+def check_architectures(architectures: list[str]) -> None:
+    """Refuse a draft whose config.json names another model than the EAGLE-3 draft draftsmith exports."""
+    if SGLANG_ARCHITECTURE not in architectures:
         raise ServeBenchError(
             f"the draft's config.json names architectures {architectures}, not "
             f"{SGLANG_ARCHITECTURE}: not an EAGLE-3 draft as draftsmith exports them"
         )
-    if algorithm != EAGLE3:
-        raise ServeBenchError(
-            f"{SECTION}.speculative_algorithm: {algorithm} with an EAGLE-3 draft "
-            f"({SGLANG_ARCHITECTURE}): SGLang would feed it the last layer's hidden state (H) "
-            "instead of the three aux layers (3H) without an error; use EAGLE3"
-        )
-
-
-def configured_chain(bench_cfg: dict, k: int) -> Speculation:
-    """The configured chain of `k`, refused unless SGLang runs it as that chain."""
-    if bench_cfg["eagle_topk"] != 1:
-        raise ServeBenchError(
-            f"{SECTION}.eagle_topk: {bench_cfg['eagle_topk']}: the benchmark measures chains "
-            "(topk 1); a tree of drafts has no single k to report"
-        )
-    tokens = bench_cfg["num_draft_tokens"]
-    chain = Speculation.chain(k) if tokens is None else Speculation(k, 1, tokens)
-    try:
-        chain.check()
-    except ValueError as exc:
-        raise ServeBenchError(f"{SECTION}.num_draft_tokens for k={k}: {exc} (leave it null)") from None
-    return chain
 
 
 def check_extra_args(extra: list[str]) -> None:
@@ -201,18 +176,7 @@ def check_extra_args(extra: list[str]) -> None:
         raise ServeBenchError(str(exc)) from None
 
 
-def _check_planned_context(config: dict) -> None:
-    served = config[SECTION]["sglang"]["context_length"]
-    planned = export_serving_context(config)
-    if served is not None and served > planned:
-        raise ServeBenchError(
-            f"{SGLANG_SECTION}.context_length ({served}) exceeds the context the draft is exported "
-            f"for ({planned}, export.serving_context or train.max_position_embeddings): a draft "
-            "below the serving context loses acceptance on long prompts"
-        )
-
-
-def check_draft(draft_dir: Path, bench_cfg: dict, serving_context: int) -> dict:
+def check_draft(draft_dir: Path, serving_context: int) -> dict:
     """Refuse a draft directory SGLang would serve wrongly; returns its config.json."""
 
     path = Path(draft_dir) / EXPORT_FILES["config"]
@@ -220,7 +184,7 @@ def check_draft(draft_dir: Path, bench_cfg: dict, serving_context: int) -> dict:
         draft_config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ServeBenchError(f"{path}: cannot read the draft's config: {exc}") from None
-    check_algorithm(bench_cfg["speculative_algorithm"], list(draft_config.get("architectures") or []))
+    check_architectures(list(draft_config.get("architectures") or []))
     positions = draft_config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < serving_context:
         raise ServeBenchError(
@@ -231,11 +195,10 @@ def check_draft(draft_dir: Path, bench_cfg: dict, serving_context: int) -> dict:
     return draft_config
 
 
-def serving_context(bench_cfg: dict, target_config: dict) -> int:
+def serving_context(server: Server, target_config: dict) -> int:
     """The context SGLang serves: the configured one, else the target's max_position_embeddings."""
-    configured = bench_cfg["sglang"]["context_length"]
-    if configured is not None:
-        return configured
+    if server.context_length is not None:
+        return server.context_length
     positions = target_config.get("max_position_embeddings")
     if not isinstance(positions, int):
         raise ServeBenchError(

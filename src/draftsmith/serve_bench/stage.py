@@ -29,30 +29,27 @@ from pathlib import Path
 
 import httpx
 
-from draftsmith.config import served_search_settings
 from draftsmith.formats.prompt_sets import training_prompts
 from draftsmith.fsutil import atomic
 from draftsmith.runtime.gpus import acquire_gpus
 from draftsmith.runtime.jobs import optional_input
 from draftsmith.runtime.process import ManagedServer, free_port, redact
-from draftsmith.runtime.resources import serve_bench_gpus
 from draftsmith.search import top_settings
 from draftsmith.serve_bench import metrics
 from draftsmith.serve_bench.command import (
     HOST,
     SECTION,
     ServeBenchError,
-    check_config,
     check_draft,
     check_environment,
-    configured_chain,
     draft_command,
     launch_command,
     serving_context,
 )
+from draftsmith.serve_bench.settings import ServeBenchSettings
 from draftsmith.speculation import BASELINE, Speculation
 from draftsmith.store import manifest
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.target.load import model_info, read_target_config
 
 log = logging.getLogger(__name__)
@@ -66,10 +63,10 @@ class BenchPrompt:
     input_ids: list[int]
 
 
-def draft_settings(bench_cfg: dict, searched: Sequence[Speculation] = ()) -> list[Speculation]:
-    """The draft servers' settings: each configured chain (refused unless SGLang runs it as
-    that chain), then each of the search's `searched` settings not among them."""
-    chains = [configured_chain(bench_cfg, k) for k in bench_cfg["k"]]
+def draft_settings(bench: ServeBenchSettings, searched: Sequence[Speculation] = ()) -> list[Speculation]:
+    """The draft servers' settings: each configured chain, then each of the search's
+    `searched` settings (read from search.json, so checked here) not among them."""
+    chains = list(bench.chains)
     for setting in searched:
         try:
             setting.check()
@@ -79,12 +76,18 @@ def draft_settings(bench_cfg: dict, searched: Sequence[Speculation] = ()) -> lis
 
 
 def build_commands(
-    model_dir: str, draft_dir: Path, bench_cfg: dict, port: int, searched: Sequence[Speculation] = ()
+    model_dir: str,
+    draft_dir: Path,
+    bench: ServeBenchSettings,
+    port: int,
+    searched: Sequence[Speculation] = (),
 ) -> dict[str, list[str]]:
-    """Every launch of the benchmark, built (and so checked) before any server starts."""
-    commands = {BASELINE: launch_command(model_dir, bench_cfg, port)}
-    for setting in draft_settings(bench_cfg, searched):
-        commands[setting.label] = draft_command(model_dir, bench_cfg, port, draft_dir, setting)
+    """Every launch of the benchmark, built before any server starts."""
+    commands = {BASELINE: launch_command(model_dir, bench.server, port)}
+    for setting in draft_settings(bench, searched):
+        commands[setting.label] = draft_command(
+            model_dir, bench.server, port, draft_dir, setting, bench.speculative_algorithm
+        )
     return commands
 
 
@@ -92,22 +95,22 @@ def run_benchmark(
     model_dir: str,
     draft_dir: Path,
     prompts: list[BenchPrompt],
-    bench_cfg: dict,
+    bench: ServeBenchSettings,
     logs_dir: Path,
     port: int,
     searched: Sequence[Speculation] = (),
 ) -> dict:
     """Baseline, then each draft setting; returns the settings and the (redacted) commands."""
-    commands = build_commands(model_dir, draft_dir, bench_cfg, port, searched)
+    commands = build_commands(model_dir, draft_dir, bench, port, searched)
     url = f"http://{HOST}:{port}"
 
     def run(setting: Speculation | None) -> dict[int, metrics.PassResult]:
         label, slug = (setting.label, setting.slug) if setting else (BASELINE, BASELINE)
         log_path = logs_dir / f"{slug}.log"
-        return run_server(commands[label], url, prompts, bench_cfg, setting=setting, log_path=log_path)
+        return run_server(commands[label], url, prompts, bench, setting=setting, log_path=log_path)
 
     baseline = run(None)
-    drafts = {setting: run(setting) for setting in draft_settings(bench_cfg, searched)}
+    drafts = {setting: run(setting) for setting in draft_settings(bench, searched)}
     return {
         "settings": metrics.settings(baseline, drafts),
         "command": {name: redact(cmd) for name, cmd in commands.items()},
@@ -118,25 +121,23 @@ def run_server(
     cmd: list[str],
     url: str,
     prompts: list[BenchPrompt],
-    bench_cfg: dict,
+    bench: ServeBenchSettings,
     *,
     setting: Speculation | None,
     log_path: Path,
 ) -> dict[int, metrics.PassResult]:
     """Start one server (`setting` None: the target alone), run every concurrency against it,
     tear its process group down."""
-    sglang = bench_cfg["sglang"]
     name = f"sglang {setting.label if setting else BASELINE} server"
-    server = ManagedServer(
-        cmd, f"{url}/health", log_path=log_path, startup_timeout_s=sglang["startup_timeout_s"], name=name
-    )
+    startup = bench.server.startup_timeout_s
+    server = ManagedServer(cmd, f"{url}/health", log_path=log_path, startup_timeout_s=startup, name=name)
     runs: dict[int, metrics.PassResult] = {}
     depth = setting.num_steps if setting else None
-    with server, _client(sglang["request_timeout_s"]) as client:
-        requester = _Requester(client, url, bench_cfg["max_new_tokens"], depth, f"{name} (log: {log_path})")
-        if bench_cfg["warmup_requests"]:
-            requester.run_pass(list(islice(cycle(prompts), bench_cfg["warmup_requests"])), 1, "warmup")
-        for concurrency in bench_cfg["concurrency"]:
+    with server, _client(bench.server.request_timeout_s) as client:
+        requester = _Requester(client, url, bench.max_new_tokens, depth, f"{name} (log: {log_path})")
+        if bench.warmup_requests:
+            requester.run_pass(list(islice(cycle(prompts), bench.warmup_requests)), 1, "warmup")
+        for concurrency in bench.concurrency:
             runs[concurrency] = requester.run_pass(prompts, concurrency, f"c{concurrency}")
             log.info("%s: %s", name, _pass_line(runs[concurrency], depth))
     return runs
@@ -205,67 +206,59 @@ def _pass_line(run: metrics.PassResult, k: int | None) -> str:
 
 # --- the stage ---------------------------------------------------------------------------
 def load_prompts(
-    config: dict, hf_dir: str, context: int, training: dict[str, str], planned_sha256: str
+    bench: ServeBenchSettings, hf_dir: str, context: int, training: dict[str, str], planned_sha256: str
 ) -> list[BenchPrompt]:
     """The configured prompt set (its file's content hash `planned_sha256`), rendered as the
-    evaluator renders it, each checked to fit
-    and checked against the training prompts (`training`: prompt hash -> sample id), since
-    a prompt the draft was trained on inflates its acceptance length."""
+    evaluator renders it, each checked to fit the serving `context` and checked against the
+    training prompts (`training`: prompt hash -> sample id), since a prompt the draft was
+    trained on inflates its acceptance length."""
     from draftsmith.formats.prompt_sets import check_overlap, load_prompt_set
     from draftsmith.target import load as target
 
-    bench = config[SECTION]
-    name = bench["prompt_set"]
-    tokenizer = target.load_tokenizer(hf_dir, config["model"]["trust_remote_code"])
-    rendered = load_prompt_set(
-        name,
-        config["evaluate"]["prompt_sets"][name],
-        tokenizer,
-        config["generation"]["system_prompt"],
-        planned_sha256,
-    )
-    check_overlap({name: rendered}, training)
+    entry = bench.prompt_set
+    tokenizer = target.load_tokenizer(hf_dir, bench.trust_remote_code)
+    rendered = load_prompt_set(entry.name, entry.as_entry(), tokenizer, bench.system_prompt, planned_sha256)
+    check_overlap({entry.name: rendered}, training)
     for prompt in rendered:
-        if len(prompt.input_ids) + bench["max_new_tokens"] > context:
+        if len(prompt.input_ids) + bench.max_new_tokens > context:
             raise ServeBenchError(
-                f"prompt {prompt.id} of evaluate.prompt_sets.{name}: {len(prompt.input_ids)} tokens + "
-                f"{SECTION}.max_new_tokens {bench['max_new_tokens']} exceed the serving context {context}"
+                f"prompt {prompt.id} of evaluate.prompt_sets.{entry.name}: {len(prompt.input_ids)} tokens + "
+                f"{SECTION}.max_new_tokens {bench.max_new_tokens} exceed the serving context {context}"
             )
     return [BenchPrompt(p.id, [int(t) for t in p.input_ids]) for p in rendered]
 
 
-def serve_bench(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+def serve_bench(
+    settings: ServeBenchSettings, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
     """Rule `serve_bench`: baseline and draft servers for each k (and the settings search's
     best settings when it ran), the report and manifest."""
 
     started = time.time()
-    bench = config[SECTION]
-    check_config(config)  # validation checks it only when enabled; the rule can be asked for anyway
     check_environment(os.environ)
     hf_dir = model_info(inputs["model"])["hf_dir"]
     draft_dir = Path(inputs["draft_config"]).parent
-    context = serving_context(bench, read_target_config(hf_dir))
-    check_draft(draft_dir, bench, context)
-    artifact = plan_for(config).serve_bench
+    context = serving_context(settings.server, read_target_config(hf_dir))
+    check_draft(draft_dir, context)
     training = training_prompts(inputs["merged"], inputs["responses"])
-    prompts = load_prompts(config, hf_dir, context, training, artifact.params["prompts"]["source"])
+    prompts = load_prompts(settings, hf_dir, context, training, artifact.params["prompts"]["source"])
     search_path = optional_input(inputs.get("search"))
     search = json.loads(Path(search_path).read_text()) if search_path else None
-    searched = top_settings(search, served_search_settings(config)) if search else []
+    searched = top_settings(search, settings.search_settings) if search else []
     logs_dir = Path(outputs["json"]).parent / LOGS_DIR
     shutil.rmtree(logs_dir, ignore_errors=True)  # server logs of an earlier, failed attempt
-    with acquire_gpus(serve_bench_gpus(config)):
-        port = bench["sglang"]["port"] or free_port()
-        result = run_benchmark(hf_dir, draft_dir, prompts, bench, logs_dir, port, searched)
+    with acquire_gpus(settings.gpus):
+        port = settings.server.port or free_port()
+        result = run_benchmark(hf_dir, draft_dir, prompts, settings, logs_dir, port, searched)
     if searched:
         served = [setting.label for setting in searched]
         result["search"] = metrics.search_verdict(result["settings"], search, served)
     report = {
         "key": artifact.key,
-        "experiment": config["experiment"],
-        "prompt_set": bench["prompt_set"],
+        "experiment": settings.experiment,
+        "prompt_set": settings.prompt_set.name,
         "prompts": len(prompts),
-        "max_new_tokens": bench["max_new_tokens"],
+        "max_new_tokens": settings.max_new_tokens,
         "serving_context": context,
         **result,
     }

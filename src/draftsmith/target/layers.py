@@ -135,22 +135,6 @@ def sglang_layer_ids(aux: AuxLayers) -> list[int]:
     return list(aux.output_of)
 
 
-def config_aux_layers(extract_cfg: dict | None, num_layers: int) -> AuxLayers:
-    """`extract.aux_layers` from the config: null (default) or {convention, ids}."""
-    spec = (extract_cfg or {}).get("aux_layers")
-    if spec is None:
-        return AuxLayers.default(num_layers)
-    if not isinstance(spec, dict) or set(spec) != {"convention", "ids"}:
-        raise LayerIdError(
-            "extract.aux_layers: expected null or {convention: "
-            f"{'|'.join(CONVENTIONS)}, ids: [a, b, c]}}, got {spec!r}"
-        )
-    try:
-        return AuxLayers.from_convention(spec["convention"], spec["ids"], num_layers)
-    except LayerIdError as exc:
-        raise LayerIdError(f"extract.aux_layers: {exc}") from None
-
-
 def _check_count(num_layers: int) -> None:
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise LayerIdError(f"num_hidden_layers must be a positive integer, got {num_layers!r}")

@@ -6,33 +6,37 @@ import json
 import logging
 import time
 
-from draftsmith import config as cfg
 from draftsmith.errors import TokenizeError
 from draftsmith.fsutil import atomic
 from draftsmith.store import manifest
-from draftsmith.store.plan import plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.target.load import load_tokenizer, model_info
 from draftsmith.tokens.chat import ChatTokenizer, tokenize_records
+from draftsmith.tokens.settings import TokensSettings
 
 log = logging.getLogger(__name__)
 
 
 def tokens(
-    config: dict, dataset: str, inputs: dict, outputs: dict, log_file: str | None = None, workers: int = 1
+    settings: TokensSettings,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None = None,
+    workers: int = 1,
 ) -> dict:
     """`workers` processes tokenize a large dataset (the rule's threads)."""
     started = time.time()
-    artifact = plan_for(config).tokens[dataset]
+    dataset = artifact.dataset
     info = model_info(inputs["model"])
-    tokenizer = load_tokenizer(info["hf_dir"], config["model"]["trust_remote_code"])
-    chat = ChatTokenizer(
-        tokenizer, info["special_tokens"]["end_of_turn"]["ids"], config["tokenize"]["max_length"]
-    )
-    floor = cfg.dataset_settings(config, dataset)["min_supervised_share"]
+    tokenizer = load_tokenizer(info["hf_dir"], settings.trust_remote_code)
+    chat = ChatTokenizer(tokenizer, info["special_tokens"]["end_of_turn"]["ids"], settings.max_length)
     records = atomic.read_jsonl(inputs["responses"])
-    samples, stats = tokenize_records(records, chat, dataset, workers, min_supervised_share=floor)
+    samples, stats = tokenize_records(
+        records, chat, dataset, workers, min_supervised_share=settings.min_supervised_share
+    )
     rate = stats.as_dict()["roundtrip_mismatch_rate"]
-    limit = config["tokenize"]["max_roundtrip_mismatch"]
+    limit = settings.max_roundtrip_mismatch
     if rate is not None and rate > limit:
         raise TokenizeError(
             f"encode(decode(ids)) mismatch rate {rate:.3f} > tokenize.max_roundtrip_mismatch {limit}",

@@ -23,16 +23,17 @@ from draftsmith.fsutil import atomic
 from draftsmith.runtime import jobs, slurm
 from draftsmith.train.loop import run_segment
 from draftsmith.train.process_group import Dist, process_group_backend
+from draftsmith.train.settings import TrainSpec
 from draftsmith.train.state import TrainError
 
 
 def write_rank_job(
-    spec: dict, segment: int, previous: str | Path | None, checkpoint: str | Path, metrics: str | Path
+    spec: TrainSpec, segment: int, previous: str | Path | None, checkpoint: str | Path, metrics: str | Path
 ) -> Path:
     """The file each rank of a group reads its segment from (a temp beside the checkpoint,
     which the launcher removes)."""
     job = {
-        "spec": spec,
+        "spec": spec.as_json(),
         "segment": segment,
         "previous": str(previous) if previous else None,
         "checkpoint": str(checkpoint),
@@ -44,7 +45,7 @@ def write_rank_job(
 
 
 def launch(
-    spec: dict,
+    spec: TrainSpec,
     segment: int,
     previous: str | Path | None,
     checkpoint: str | Path,
@@ -68,7 +69,7 @@ def launch(
     rank = [sys.executable, "-m", "draftsmith.train.launch", str(job_file)]
     launcher = "srun" if slurm.in_allocation() and torchrun is None else "torchrun"
     if launcher == "srun":
-        cuda = spec["train"]["device"] == "cuda"
+        cuda = spec.train.device == "cuda"
         cmd = slurm.srun_command(world_size, rank_threads, int(cuda), [*rank, "--slurm"])
         env |= slurm.rendezvous_env()
     else:
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slurm", action="store_true", help="take the rank from srun's task variables")
     args = parser.parse_args(argv)
     job = json.loads(args.job.read_text())
+    spec = TrainSpec.from_json(job["spec"])
     if args.slurm:
         os.environ.update(slurm.rank_env(dict(os.environ)))
     dist_env = Dist.from_env()
@@ -110,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs.set_parent_death_signal()
     import torch.distributed as dist
 
-    device = job["spec"]["train"]["device"]
+    device = spec.train.device
     if device == "cuda":
         # torchrun shows a rank every GPU; srun with --gpus-per-task shows it its own.
         torch.cuda.set_device(dist_env.local_rank % torch.cuda.device_count())
     dist.init_process_group(process_group_backend(device))
     try:
-        run_segment(job["spec"], job["segment"], job["previous"], job["checkpoint"], job["metrics"], dist_env)
+        run_segment(spec, job["segment"], job["previous"], job["checkpoint"], job["metrics"], dist_env)
         dist.barrier()
     finally:
         dist.destroy_process_group()

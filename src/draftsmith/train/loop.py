@@ -53,6 +53,7 @@ from draftsmith.target.dtypes import torch_dtype
 from draftsmith.target.load import load_target
 from draftsmith.train.data import Batch, Position, TrainData
 from draftsmith.train.process_group import Dist
+from draftsmith.train.settings import LoopSettings, TrainSpec
 from draftsmith.train.state import TrainError, TrainState, seed_everything
 
 log = logging.getLogger(__name__)
@@ -93,27 +94,25 @@ def figures(values: torch.Tensor, steps: int) -> dict:
 class Trainer(TrainState):
     """Draft, optimiser, scheduler and data for one training process."""
 
-    def __init__(self, spec: dict, dist: Dist | None = None) -> None:
+    def __init__(self, spec: TrainSpec, dist: Dist | None = None) -> None:
         self.spec = spec
         self.dist = dist or Dist()
-        t = self.train = spec["train"]
-        self.steps = t["ttt_steps"]
-        self.autocast_dtype = torch_dtype(t["dtype"]) if t["dtype"] else None
-        if t["device"] == "cuda":
+        t = self.train = spec.train
+        self.steps = t.ttt_steps
+        self.autocast_dtype = torch_dtype(t.dtype) if t.dtype else None
+        if t.device == "cuda":
             if not torch.cuda.is_available():
                 raise TrainError("train.device is cuda but no GPU is visible")
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        seed_everything(t["seed"])
-        text_config, weights = load_target(spec["hf_dir"], spec.get("trust_remote_code", False))
-        self.config = DraftConfig.from_target(
-            text_config, t["draft_vocab_size"], t["max_position_embeddings"]
-        )
+        seed_everything(t.seed)
+        text_config, weights = load_target(spec.hf_dir, spec.trust_remote_code)
+        self.config = DraftConfig.from_target(text_config, t.draft_vocab_size, t.max_position_embeddings)
         compute = self.autocast_dtype or torch.float32
         self.draft = Eagle3Draft(self.config, weights["embed"].to(compute))
-        vocab = _load_vocab(spec["vocab"], self.config)
+        vocab = _load_vocab(spec.vocab, self.config)
         self.draft.set_vocab(vocab["d2t"], vocab["t2d"])
         with torch.no_grad():
             draft_ids = vocab["d2t"] + torch.arange(self.config.draft_vocab_size)
@@ -126,18 +125,16 @@ class Trainer(TrainState):
         self.params = [p for p in self.draft.parameters() if p.requires_grad]
         for p in self.params:  # identical start on every rank, whatever their RNG did
             self.dist.broadcast(p.data)
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"]
-        )
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, WarmupCosine(t["warmup_steps"], t["total_steps"])
+            self.optimizer, WarmupCosine(t.warmup_steps, t.total_steps)
         )
         self.data = TrainData(
-            spec["hidden_dir"],
-            spec["assignment"],
-            val_fraction=t["val_fraction"],
-            seed=t["seed"],
-            batch_tokens=t["batch_tokens"],
+            spec.hidden_dir,
+            spec.assignment,
+            val_fraction=t.val_fraction,
+            seed=t.seed,
+            batch_tokens=t.batch_tokens,
         )
         # Without autocast the draft runs in float32 whatever the shard dtype.
         self.input_dtype = None if self.autocast_dtype else torch.float32
@@ -189,7 +186,7 @@ class Trainer(TrainState):
 
     def _load(self, position: Position) -> tuple[list[Batch], list[list[int]], Position]:
         """This rank's micro-batches of the step at `position`, read, padded (and pinned)."""
-        plans, next_position = self.data.take(position, self.train["grad_accum"])
+        plans, next_position = self.data.take(position, self.train.grad_accum)
         mine = plans[self.dist.rank :: self.dist.world]
         batches = [self.data.collate(items, self.input_dtype) for items in mine]
         if self.device.type == "cuda":
@@ -252,7 +249,7 @@ class Trainer(TrainState):
             self.dist.all_reduce(p.grad)
         self.dist.all_reduce(totals)
         totals[2 * k : 3 * k] = torch.tensor(counts, dtype=torch.float64)
-        clip = self.train["grad_clip"]
+        clip = self.train.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip is not None else math.inf)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
@@ -332,21 +329,21 @@ def _load_vocab(path: str | Path, config: DraftConfig) -> dict[str, torch.Tensor
 
 
 # --- one segment -------------------------------------------------------------------
-def segment_bounds(train: dict, segment: int) -> tuple[int, int]:
+def segment_bounds(train: LoopSettings, segment: int) -> tuple[int, int]:
     """Steps [start, end) of `segment`."""
-    every, total = train["checkpoint_every"], train["total_steps"]
+    every, total = train.checkpoint_every, train.total_steps
     start = segment * every
     if not 0 <= start < total:
         raise TrainError(f"segment {segment} is outside the run ({total} steps, {every} per segment)")
     return start, min(start + every, total)
 
 
-def num_segments(train: dict) -> int:
-    return math.ceil(train["total_steps"] / train["checkpoint_every"])
+def num_segments(train: LoopSettings) -> int:
+    return math.ceil(train.total_steps / train.checkpoint_every)
 
 
 def run_segment(
-    spec: dict,
+    spec: TrainSpec,
     segment: int,
     previous: str | Path | None,
     checkpoint: str | Path,
@@ -355,7 +352,7 @@ def run_segment(
 ) -> dict:
     """Train `segment` (from `previous`, or fresh for segment 0); rank 0 writes both outputs."""
     dist = dist or Dist()
-    start, end = segment_bounds(spec["train"], segment)
+    start, end = segment_bounds(spec.train, segment)
     trainer = Trainer(spec, dist)
     if segment > 0:
         if previous is None:

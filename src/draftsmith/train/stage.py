@@ -15,36 +15,47 @@ from draftsmith.draft.model import STEP_DECAY
 from draftsmith.fsutil import atomic
 from draftsmith.fsutil.digests import sha256_file
 from draftsmith.runtime import gpus
-from draftsmith.runtime.resources import train_gpus
 from draftsmith.store import manifest
-from draftsmith.store.plan import Plan, plan_for
+from draftsmith.store.plan import Artifact
 from draftsmith.store.staging import Staged
 from draftsmith.target.load import model_info
 from draftsmith.train.launch import launch
+from draftsmith.train.settings import TrainSettings, TrainSpec
 from draftsmith.train.state import TrainError
 
 log = logging.getLogger(__name__)
 
 
-def spec(config: dict, plan: Plan, info: dict, vocab: str) -> dict:
-    """What every training process needs (JSON: torchrun ranks read it from a file)."""
-    return {
-        "key": plan.train.key,
-        "hf_dir": info["hf_dir"],
-        "trust_remote_code": config["model"]["trust_remote_code"],
-        "hidden_dir": str(plan.states.directory),
-        "assignment": str(plan.hidden.path("assignment")),
-        "vocab": str(vocab),
-        "train": dict(config["train"]),
-    }
+def spec(
+    settings: TrainSettings, artifact: Artifact, info: dict, states: Artifact, inputs: dict
+) -> TrainSpec:
+    """What every training process of the draft `artifact` needs: the target (`info`), the
+    states store `states`, and the job's assignment and vocabulary."""
+    return TrainSpec(
+        key=artifact.key,
+        hf_dir=info["hf_dir"],
+        trust_remote_code=settings.trust_remote_code,
+        hidden_dir=str(states.directory),
+        assignment=str(inputs["assignment"]),
+        vocab=str(inputs["vocab"]),
+        train=settings.loop,
+    )
 
 
 def train_segment(
-    config: dict, segment: int, inputs: dict, outputs: dict, log_file: str | None = None, threads: int = 1
+    settings: TrainSettings,
+    artifact: Artifact,
+    inputs: dict,
+    outputs: dict,
+    log_file: str | None = None,
+    *,
+    segment: int,
+    states: Artifact,
+    threads: int = 1,
 ) -> dict:
-    """One checkpoint segment, resumed from the previous one; staged so that a finished
-    segment is never trained again (`store.staging`)."""
-    plan = plan_for(config)
+    """One checkpoint segment of the draft `artifact`, trained on the states store `states`
+    and resumed from the previous segment; staged so that a finished segment is never
+    trained again (`store.staging`)."""
     previous = inputs.get("previous") or None
     if isinstance(previous, list | tuple):
         previous = previous[0] if previous else None
@@ -52,35 +63,37 @@ def train_segment(
     staged = Staged(
         [outputs["checkpoint"], outputs["metrics"]],
         f"segment-{segment:05d}",
-        {"key": plan.train.key, "previous_sha256": previous_sha},
+        {"key": artifact.key, "previous_sha256": previous_sha},
     )
     if staged.reuse():
         return {"segment": segment, "reused": True}
     staged.start()
-    job_spec = spec(config, plan, model_info(inputs["model"]), inputs["vocab"])
-    with gpus.acquire_gpus(train_gpus(config)):
+    job_spec = spec(settings, artifact, model_info(inputs["model"]), states, inputs)
+    with gpus.acquire_gpus(settings.gpus_held):
         launch(
             job_spec,
             segment,
             previous,
             staged.path(outputs["checkpoint"]),
             staged.path(outputs["metrics"]),
-            world_size=config["train"]["gpus"],
+            world_size=settings.loop.gpus,
             threads=threads,
         )
     staged.finish()
     return {"segment": segment, "reused": False}
 
 
-def train(config: dict, inputs: dict, outputs: dict, log_file: str | None = None) -> dict:
+def train(
+    settings: TrainSettings, artifact: Artifact, inputs: dict, outputs: dict, log_file: str | None = None
+) -> dict:
     """Rule `train`: the trained weights (SGLang names, no embedding), config and summary."""
     started = time.time()
-    artifact = plan_for(config).train
+    total_steps = settings.loop.total_steps
     state = torch.load(inputs["checkpoint"], map_location="cpu", weights_only=True)
-    if state["key"] != artifact.key or state["step"] != config["train"]["total_steps"]:
+    if state["key"] != artifact.key or state["step"] != total_steps:
         raise TrainError(
             f"{inputs['checkpoint']}: draft {state['key']} at step {state['step']}, expected "
-            f"{artifact.key} at step {config['train']['total_steps']}"
+            f"{artifact.key} at step {total_steps}"
         )
     tensors = {name: t.contiguous() for name, t in state["model"].items()}
     with atomic.atomic_open(outputs["weights"], "wb") as handle:
@@ -88,7 +101,7 @@ def train(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
     atomic.write_json(outputs["config"], state["draft_config"])
     layers = json.loads(Path(inputs["shard"]).read_text())["meta"]["layers"]
     vocab_info = json.loads(Path(inputs["vocab_info"]).read_text())
-    summary = summarize(config, state, list(inputs["metrics"]), vocab_info, layers)
+    summary = summarize(settings.loop.ttt_steps, state, list(inputs["metrics"]), vocab_info, layers)
     atomic.write_json(outputs["summary"], summary)
     stats = {k: summary[k] for k in ("steps", "tokens_seen", "samples_seen", "wall_s")} | {
         "end": summary["end"]
@@ -99,13 +112,12 @@ def train(config: dict, inputs: dict, outputs: dict, log_file: str | None = None
     return summary
 
 
-def summarize(config: dict, state: dict, metrics_files: list[str], vocab_info: dict, layers: dict) -> dict:
-    """The training summary: totals, end-of-training loss and accuracy per TTT position,
-    the validation curve."""
+def summarize(steps: int, state: dict, metrics_files: list[str], vocab_info: dict, layers: dict) -> dict:
+    """The training summary of a draft of `steps` TTT steps: totals, end-of-training loss and
+    accuracy per TTT position, the validation curve."""
     records = [r for path in metrics_files for r in atomic.read_jsonl(path)]
     train_records = [r for r in records if r["kind"] == "train"]
     val_records = [r for r in records if r["kind"] == "val"]
-    steps = config["train"]["ttt_steps"]
     last_segment = [r for r in atomic.read_jsonl(metrics_files[-1]) if r["kind"] == "train"]
     # Token-weighted over the last segment's steps: sum(loss x count) / sum(count) per position.
     end_train = {"steps": [last_segment[0]["step"], last_segment[-1]["step"]]}

@@ -12,6 +12,7 @@ sample order.
 from __future__ import annotations
 
 import random
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from draftsmith.draft.model import DraftConfig, Eagle3Draft
 from draftsmith.errors import DraftsmithError
 from draftsmith.fsutil import atomic
 from draftsmith.train.data import Position, TrainData
+from draftsmith.train.settings import LoopSettings, TrainSpec
 
 CHECKPOINT_FORMAT = 2
 _EMBED = "embed_tokens.weight"
@@ -61,8 +63,8 @@ def seed_everything(seed: int) -> None:
 class TrainState:
     """What a checkpoint holds of a `loop.Trainer`, which sets these attributes."""
 
-    spec: dict
-    train: dict
+    spec: TrainSpec
+    train: LoopSettings
     config: DraftConfig
     draft: Eagle3Draft
     optimizer: torch.optim.Optimizer
@@ -75,7 +77,7 @@ class TrainState:
     def state_dict(self, segment: int) -> dict:
         return {
             "format": CHECKPOINT_FORMAT,
-            "key": self.spec["key"],
+            "key": self.spec.key,
             "segment": segment,
             "step": self.step,
             "model": {k: v.detach().cpu() for k, v in self.draft.state_dict().items() if k != _EMBED},
@@ -85,7 +87,7 @@ class TrainState:
             "totals": dict(self.totals),
             "rng": rng_state(),
             "draft_config": self.config.as_dict(),
-            "train": dict(self.train),
+            "train": asdict(self.train),
         }
 
     def save(self, path: str | Path, segment: int) -> None:
@@ -97,8 +99,8 @@ class TrainState:
         state = torch.load(path, map_location="cpu", weights_only=True)
         if state.get("format") != CHECKPOINT_FORMAT:
             raise TrainError(f"{path}: checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
-        if state["key"] != self.spec["key"]:
-            raise TrainError(f"{path}: checkpoint of draft {state['key']}, this run is {self.spec['key']}")
+        if state["key"] != self.spec.key:
+            raise TrainError(f"{path}: checkpoint of draft {state['key']}, this run is {self.spec.key}")
         # A checkpoint from code that built the draft otherwise (say, plain RoPE for a target
         # with scaled RoPE) must not continue as this draft.
         if state["draft_config"] != self.config.as_dict():
