@@ -24,6 +24,23 @@ def planned(stage, wildcards):
     return artifact
 
 
+def settings_of(stage):
+    """A param giving a job its stage's settings. A config that turns the stage off
+    resolves none (nor checks them), so asking for its rule then is refused here, while
+    Snakemake builds the DAG, before a job starts."""
+
+    def settings(_wildcards):
+        resolved = getattr(SETTINGS, stage)
+        if resolved is None:
+            raise ValueError(
+                f"stage {stage} is off in this config (see its section's `enabled`; the "
+                "search needs the evaluator): turn it on to run its rule"
+            )
+        return resolved
+
+    return settings
+
+
 def by_content(**inputs):
     """Inputs compared by content, never by modification time: a keyed job's key holds
     its inputs' content (and a report's store paths hold the keys), so neither a fresh

@@ -28,7 +28,7 @@ rule evaluate:
         mem_mb=4000,
         gpu=evaluate_gpus(config),
     params:
-        settings=SETTINGS.evaluate,
+        settings=settings_of("evaluate"),
         artifact=PLAN.evaluate,
         export=PLAN.export,  # the recommended launch names its sglang/ directory
     script:

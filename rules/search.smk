@@ -5,17 +5,6 @@
 # Logic: src/draftsmith/search/.
 
 
-def search_settings(_wildcards):
-    """The search's settings. A config that turns the search off resolves none (nor checks
-    them), so asking for the rule then is refused here, before a job starts."""
-    if SETTINGS.search is None:
-        raise ValueError(
-            "the settings search is off in this config (search.enabled or evaluate.enabled "
-            "is false): turn it on to run rule search"
-        )
-    return SETTINGS.search
-
-
 rule search:
     input:
         **by_content(
@@ -43,7 +32,7 @@ rule search:
         # It decodes where the evaluator does (evaluate.device).
         gpu=evaluate_gpus(config),
     params:
-        settings=search_settings,
+        settings=settings_of("search"),
         artifact=PLAN.search,
         evaluate=SETTINGS.evaluate,  # the search decodes as the evaluator does
         export=PLAN.export,  # the recommended launch names its sglang/ directory

@@ -4,17 +4,6 @@
 # and refusals: src/draftsmith/serve_bench/.
 
 
-def serve_bench_settings(_wildcards):
-    """The benchmark's settings. A config that turns it off resolves none (nor checks them),
-    so asking for the rule then is refused here, before a job starts."""
-    if SETTINGS.serve_bench is None:
-        raise ValueError(
-            "the serving benchmark is off in this config (serve_benchmark.enabled is false): "
-            "turn it on to run rule serve_bench"
-        )
-    return SETTINGS.serve_bench
-
-
 rule serve_bench:
     input:
         **by_content(
@@ -45,7 +34,7 @@ rule serve_bench:
         mem_mb=16000,
         gpu=serve_bench_gpus(config),
     params:
-        settings=serve_bench_settings,
+        settings=settings_of("serve_bench"),
         artifact=PLAN.serve_bench,
     script:
         "../scripts/serve_bench.py"

@@ -69,3 +69,16 @@ def test_nested_values_given_with_config_mean_what_a_config_file_means(tmp_path)
         return re.search(r"^search\s+1$", result.stdout, re.MULTILINE) is not None
 
     assert search_jobs("search={enabled: true}") and not search_jobs("search={enabled: false}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rule", "override"),
+    [("serve_bench", []), ("evaluate", ["--config", "evaluate={enabled: false}"])],
+)
+def test_the_rule_of_a_stage_turned_off_is_refused_before_any_job(tmp_path, rule, override):
+    """A stage that is off has no settings (none are checked): asking for its rule names why."""
+    cmd = snakemake_cmd(tmp_path, REPO / "config.yaml", "-n", rule, *override)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"stage {rule} is off in this config" in result.stdout + result.stderr
