@@ -111,8 +111,10 @@ def job(log_path: str | os.PathLike | None, name: str) -> Iterator[logging.Logge
         raise Interrupted(128 + signal.SIGTERM)
     watch_ancestor(ancestor)
     started = time.time()
-    log.info("%s: started (pid %d)", name, os.getpid())
     try:
+        # Inside the try: a SIGTERM just after this line (the test of a dying snakemake
+        # kills it the moment the line appears) is still logged as an interruption.
+        log.info("%s: started (pid %d)", name, os.getpid())
         yield log
     except Interrupted:
         log.error("%s: interrupted after %.1f s; resumable state kept", name, time.time() - started)
