@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftsmith.hidden.sglang_launch import CaptureServer, check_capture_extra_args
+from draftsmith.hidden.sglang_launch import CaptureServer
 from draftsmith.runtime.resources import hidden_gpus
 from draftsmith.target.layers import AuxLayers, LayerIdError
 
@@ -46,21 +46,7 @@ class HiddenSettings:
     def of(cls, config: dict) -> HiddenSettings:
         extract = config["extract"]
         choice = extract["aux_layers"]
-        sglang = None
-        if extract["backend"] == "sglang":
-            server = extract["sglang"]
-            check_capture_extra_args([str(a) for a in server["extra_args"]])
-            sglang = CaptureServer(
-                python=server["python"],
-                host=server["host"],
-                port=server["port"],
-                tp_size=server["tp_size"],
-                mem_fraction_static=server["mem_fraction_static"],
-                context_length=server["context_length"],
-                extra_args=tuple(str(a) for a in server["extra_args"]),
-                startup_timeout_s=server["startup_timeout_s"],
-                request_timeout_s=server["request_timeout_s"],
-            )
+        sglang = CaptureServer.of(extract["sglang"]) if extract["backend"] == "sglang" else None
         return cls(
             experiment=config["experiment"],
             num_shards=extract["num_shards"],

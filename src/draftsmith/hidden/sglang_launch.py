@@ -6,7 +6,7 @@ is set or refused: `draftsmith.hidden.sglang`'s docstring.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from pathlib import Path
 
@@ -87,6 +87,14 @@ class CaptureServer:
     extra_args: tuple[str, ...]  # refused at configure when they would change the capture
     startup_timeout_s: float
     request_timeout_s: float
+
+    @classmethod
+    def of(cls, section: dict) -> CaptureServer:
+        """`extract.sglang`, its extra args refused where they would change the capture."""
+        extra = tuple(str(arg) for arg in section["extra_args"])
+        check_capture_extra_args(extra)
+        named = {f.name: section[f.name] for f in fields(cls) if f.name != "extra_args"}
+        return cls(**named, extra_args=extra)
 
     def launch_config(self) -> dict:
         """The mapping `runtime.sglang`'s launch builders read (shared with the other stages)."""
