@@ -32,8 +32,13 @@ SPLIT_BY = {"code": "module", "chat": "subject", "prose": "package", "math": "pr
 
 
 def split_key(style: str, row: dict) -> str:
-    """What a row is held out by: its field of SPLIT_BY, a Python reference paragraph's topic."""
-    return row.get("topic", row[SPLIT_BY[style]]) if style == "prose" else row[SPLIT_BY[style]]
+    """What a row is held out by: its field of SPLIT_BY; for prose, a Python reference
+    paragraph's topic or a docstring paragraph's module (each its own namespace: the
+    reference's topic `types` is not the module `types`)."""
+    if style == "prose":
+        field = next(f for f in ("topic", "module", "package") if f in row)
+        return f"{field}:{row[field]}"
+    return row[SPLIT_BY[style]]
 
 
 SMALL = {"packages": [], "train_count": 300, "heldout_count": 8, "seed": 0}
@@ -207,11 +212,12 @@ def test_prose_paragraphs_keep_only_plain_prose():
     assert kept == [prose.strip(), f"Wrapped lines of {sentence * 3}with a link in them."]
 
 
-def test_prose_rows_come_from_installed_distributions_and_the_python_reference(full):
+def test_prose_rows_come_from_distributions_the_python_reference_and_docstrings(full):
     from pydoc_data.topics import topics
 
     train, heldout = full["prose"]
     names = {name for name, _, _ in distributions()}
+    files = dict(dp.module_files(*dp.source_roots([])[0]))
     for row in train + heldout:
         paragraph = row["prompt"].split("\n\n", 1)[1]
         assert MIN_PARAGRAPH <= len(paragraph) <= MAX_PARAGRAPH
@@ -219,9 +225,16 @@ def test_prose_rows_come_from_installed_distributions_and_the_python_reference(f
             assert row["package"] == "python" and " ".join(paragraph.split()) in " ".join(
                 topics[row["topic"]].split()
             )
+        elif "module" in row:
+            # The paragraph is in that module's source, and the module obeys docstrings' split.
+            assert row["package"] == "python-stdlib" and row["module"] in row["prompt"].split("\n", 1)[0]
+            assert dp.held_out(row["module"]) == (row in heldout)
+            source = set(re.findall(r"[A-Za-z]+", files[row["module"]].read_text(errors="replace")))
+            assert set(re.findall(r"[A-Za-z]+", paragraph)) <= source, row["id"]
         else:
             assert row["package"] in names
     assert sum("topic" in row for row in train) > 100
+    assert sum("module" in row for row in train) > 500  # the stdlib alone: thousands with packages
 
 
 def test_spread_takes_one_row_per_group_first():

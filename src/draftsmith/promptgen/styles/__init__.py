@@ -15,7 +15,9 @@ packages or that this module writes itself:
 - `chat`: project-written requests, templates x everyday subjects x tone variants. Held
   out by subject, so a held-out subject never appears in training.
 - `prose`: paragraphs of plain prose from installed distributions' descriptions (their
-  METADATA), each with a task. Held out by distribution.
+  METADATA), from the Python reference (`pydoc_data.topics`) and from the docstrings of
+  the standard library and named `--package`s, each with a task. Held out by
+  distribution, by topic, and for docstrings by module with `docstrings`' split.
 
 Within a style a normalised text (NFKC, casefold, whitespace) is kept once, the first
 time it comes, so no held-out text is a training text, nor repeated in either split.
@@ -64,7 +66,7 @@ def candidates(style: str, packages: list[str], seed: int) -> Iterator[Candidate
     if style == "chat":
         return chat_candidates()
     if style == "prose":
-        return prose_candidates()
+        return prose_candidates(packages)
     raise PromptSourceError(f"unknown style {style!r}: one of {', '.join(STYLES)}")
 
 

@@ -1,14 +1,24 @@
-"""The `prose` style: plain-prose paragraphs of installed distributions' descriptions and
-of the Python reference, each with a task; held out by distribution or topic."""
+"""The `prose` style: plain-prose paragraphs of installed distributions' descriptions, of
+the Python reference and of the docstrings of the standard library and named packages,
+each with a task; held out by distribution, topic or module (docstrings' split)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import platform
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
-from draftsmith.promptgen.docstrings import held_out, module_hash
+from draftsmith.promptgen.docstrings import (
+    held_out,
+    module_files,
+    module_hash,
+    public_definitions,
+    source_roots,
+)
+from draftsmith.promptgen.styles.code import package_version
 from draftsmith.promptgen.styles.common import PROSE_HELDOUT_SHARE, Candidate
 
 PROSE_TASKS = (
@@ -26,6 +36,14 @@ REFERENCE_TASKS = (
     "Give the three key points of this paragraph of the Python reference on `{topic}`:",
     "Suggest a short, descriptive title for this paragraph of the Python reference on `{topic}`:",
 )
+# The same tasks for a paragraph of a module's, class's or function's docstring.
+DOCSTRING_TASKS = (
+    "Summarise this paragraph from the documentation of the Python module `{module}` in two sentences:",
+    "Rewrite this paragraph from the documentation of `{module}` so that a newcomer to "
+    "programming can follow it:",
+    "Give the three key points of this paragraph from the documentation of `{module}`:",
+    "Suggest a short, descriptive title for this paragraph from the documentation of `{module}`:",
+)
 MIN_PARAGRAPH, MAX_PARAGRAPH = 200, 1200
 # Paragraph starts that are markup, not prose: headings, lists, tables, quotes, HTML,
 # badges, reStructuredText directives and field lists.
@@ -40,9 +58,10 @@ _INLINE = (
 )
 
 
-def prose_candidates() -> Iterator[Candidate]:
+def prose_candidates(packages: list[str], stdlib: bool = True) -> Iterator[Candidate]:
     """One prompt per prose paragraph of each installed distribution's description, then
-    of each topic of the Python reference that the standard library ships for `help()`."""
+    of each topic of the Python reference that the standard library ships for `help()`,
+    then of the docstrings of the standard library and `packages`."""
     for name, version, text in distributions():
         held = held_out(_canonical(name), PROSE_HELDOUT_SHARE)
         for i, paragraph in enumerate(prose_paragraphs(text)):
@@ -51,6 +70,7 @@ def prose_candidates() -> Iterator[Candidate]:
             row = {"id": row_id, "prompt": f"{task}\n\n{paragraph}", "source": "package"}
             yield Candidate(held, row | {"package": name, "version": version})
     yield from _reference_candidates()
+    yield from _docstring_candidates(packages, stdlib)
 
 
 def _reference_candidates() -> Iterator[Candidate]:
@@ -65,6 +85,33 @@ def _reference_candidates() -> Iterator[Candidate]:
             row = {"id": row_id, "prompt": f"{task}\n\n{paragraph}", "source": "package"}
             provenance = {"package": "python", "version": platform.python_version(), "topic": topic}
             yield Candidate(held, row | provenance)
+
+
+def _docstring_candidates(packages: list[str], stdlib: bool) -> Iterator[Candidate]:
+    """Held out by module with `docstrings`' split, so a module whose docstrings are held out
+    there gives no training paragraph here; rows name the package, version and module."""
+    for prefix, root in source_roots(packages, stdlib):
+        package, version = package_version(prefix)
+        for module, path in module_files(prefix, root):
+            held = held_out(module)
+            for name, doc in _docstrings(path):
+                for i, paragraph in enumerate(prose_paragraphs(doc)):
+                    row_id = f"{module}:{name}#{i}"
+                    task = DOCSTRING_TASKS[module_hash(row_id) % len(DOCSTRING_TASKS)].format(module=module)
+                    row = {"id": row_id, "prompt": f"{task}\n\n{paragraph}", "source": "package"}
+                    yield Candidate(held, row | {"package": package, "version": version, "module": module})
+
+
+def _docstrings(path: Path) -> Iterator[tuple[str, str]]:
+    """(name, docstring) of a file's module (name "") and its public definitions."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError):
+        return  # a file for another Python version
+    yield "", ast.get_docstring(tree) or ""
+    for node in tree.body:
+        for obj, name in public_definitions(node, ""):
+            yield name, ast.get_docstring(obj) or ""
 
 
 def distributions() -> list[tuple[str, str, str]]:
