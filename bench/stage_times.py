@@ -16,7 +16,7 @@ from draftsmith.workflow import configure
 
 
 def planned_keys(config: dict) -> set[str]:
-    return {artifact.key for artifact in configure(config).artifacts}
+    return {artifact.key for artifact in configure(config).plan.artifacts}
 
 
 def main() -> None:
