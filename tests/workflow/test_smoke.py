@@ -26,3 +26,16 @@ def test_every_stage_runs_end_to_end_lossless_and_verified(built_pipeline):
     verify = [sys.executable, "-m", "draftsmith", "verify", "--configfile", str(work / "config.yaml")]
     assert subprocess.run(verify, capture_output=True, text=True, cwd=work).returncode == 0
     assert planned_jobs(snakemake(work, config, "-n", name="again.yaml")) == {}
+
+
+def test_stage_times_tables_every_rule_of_the_run(built_pipeline):
+    """bench/stage_times.py, which the device runs report with, reads the run's benchmarks."""
+    work, _ = built_pipeline
+    script = Path(__file__).resolve().parents[2] / "bench" / "stage_times.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--configfile", "config.yaml"], capture_output=True, text=True, cwd=work
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in done.stdout.splitlines()[2:]}
+    assert {"model", "responses", "tokens", "hidden_shard", "train", "evaluate"} <= set(rows)
+    assert rows["hidden_shard"].split(" | ")[1] == "2" and int(rows["train"].split(" | ")[1]) > 2  # segments
