@@ -29,12 +29,12 @@ from draftsmith.hidden.sglang import (
 from draftsmith.hidden.sglang_launch import (
     CaptureError,
     CaptureMode,
-    CaptureServer,
     build_capture_command,
     check_draft_config,
     validate_capture_command,
 )
 from draftsmith.runtime.process import free_port
+from draftsmith.runtime.sglang import ServerLaunch
 from draftsmith.target.layers import AuxLayers
 from draftsmith.target.load import read_target_config
 
@@ -52,7 +52,7 @@ KIMI = {
 }
 
 
-def launch(**settings) -> CaptureServer:
+def launch(**settings) -> ServerLaunch:
     """extract.sglang as the workflow passes it: validated (the schema's defaults filled in)
     and checked (`HiddenSettings.of`)."""
     raw = {

@@ -13,10 +13,10 @@ from conftest import openai_cfg, sglang_server_args
 
 from draftsmith.errors import DraftsmithError, GenerationError
 from draftsmith.formats.responses import Usage
-from draftsmith.responses.settings import Sampling, SGLangServer
-from draftsmith.responses.sglang import SGLangBackend, build_launch_command, server_url
+from draftsmith.responses.settings import SGLANG_SECTION, Sampling
+from draftsmith.responses.sglang import SGLangBackend
 from draftsmith.runtime.process import free_port
-from draftsmith.runtime.sglang import SGLangConfigError
+from draftsmith.runtime.sglang import ServerLaunch, SGLangConfigError
 
 MODEL = "/models/target"
 
@@ -37,16 +37,16 @@ def _cfg(**overrides) -> dict:
     return {**cfg, **overrides}
 
 
-def _server(**overrides) -> SGLangServer:
+def _server(**overrides) -> ServerLaunch:
     """generation.sglang's settings, as `workflow.configure` builds them (extra args refused)."""
-    return SGLangServer.of(_cfg(**overrides))
+    return ServerLaunch.of(_cfg(**overrides), SGLANG_SECTION)
 
 
 SAMPLING = Sampling(max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0)
 
 
 def test_minimal_command():
-    assert build_launch_command(MODEL, _server()) == [
+    assert _server().command(MODEL) == [
         "python3", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "127.0.0.1", "--port", "30000", "--tp-size", "1",
     ]  # fmt: skip
@@ -62,7 +62,7 @@ def test_optional_flags_then_extra_args_in_order():
         context_length=8192,
         extra_args=["--disable-radix-cache", "--chunked-prefill-size", "-1", "--dtype=bfloat16"],
     )
-    assert build_launch_command(MODEL, server) == [
+    assert server.command(MODEL) == [
         "/opt/venv/bin/python", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", "0.0.0.0", "--port", "31000", "--tp-size", "8",
         "--mem-fraction-static", "0.85", "--context-length", "8192",
@@ -74,7 +74,7 @@ def test_sglang_parses_the_command():
     """SGLang's own parser reads the generation server's command as built, extra args included."""
     extra = ["--disable-radix-cache", "--chunked-prefill-size", "-1", "--dtype=bfloat16"]
     server = _server(port=31000, tp_size=2, mem_fraction_static=0.85, context_length=8192, extra_args=extra)
-    args = sglang_server_args().prepare_server_args(build_launch_command(MODEL, server)[3:])
+    args = sglang_server_args().prepare_server_args(server.command(MODEL)[3:])
     assert (args.model_path, args.host, args.port, args.tp_size) == (MODEL, "127.0.0.1", 31000, 2)
     assert (args.mem_fraction_static, args.context_length, args.dtype) == (0.85, 8192, "bfloat16")
     assert args.disable_radix_cache and args.chunked_prefill_size == -1
@@ -132,9 +132,9 @@ def test_rejects_what_every_launch_refuses(extra, message):
 
 
 def test_server_url_reaches_wildcard_hosts_over_loopback():
-    assert server_url(_cfg(host="0.0.0.0", port=5)) == "http://127.0.0.1:5"
-    assert server_url(_cfg(host="::1", port=5)) == "http://[::1]:5"
-    assert server_url(_cfg(host="10.0.0.2", port=5)) == "http://10.0.0.2:5"
+    assert _server(host="0.0.0.0", port=5).url == "http://127.0.0.1:5"
+    assert _server(host="::1", port=5).url == "http://[::1]:5"
+    assert _server(host="10.0.0.2", port=5).url == "http://10.0.0.2:5"
 
 
 # Limits: SGLang needs a GPU, so a small stand-in takes the place of

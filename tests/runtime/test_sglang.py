@@ -7,11 +7,11 @@ import pytest
 
 from draftsmith.runtime.sglang import (
     REFUSED,
+    ServerLaunch,
     SGLangConfigError,
     abbreviates,
     canonical,
     flag_names,
-    launch_command,
     parse_flags,
 )
 
@@ -48,13 +48,21 @@ def test_canonical_resolves_only_what_argparse_would():
     assert canonical("--model", ("--model-path", "--model")) == "--model"
 
 
-BLOCK = {"python": "python3", "host": "127.0.0.1", "port": 30000, "tp_size": 1}
+BLOCK = {
+    "python": "python3",
+    "host": "127.0.0.1",
+    "port": 30000,
+    "tp_size": 1,
+    "mem_fraction_static": None,
+    "context_length": None,
+    "startup_timeout_s": 60,
+}
 
 
 def _launch(extra: list[str], *, speculative: bool = False) -> list[str]:
     block = {**BLOCK, "extra_args": extra}
     owned = {"--speculative-num-steps": "x.k"}
-    return launch_command("/m", block, "x.sglang", flags=["--flag"], owned=owned, speculative=speculative)
+    return ServerLaunch.of(block, "x.sglang", owned, speculative=speculative).command("/m", ["--flag"])
 
 
 def test_the_builder_puts_the_stage_flags_before_the_extra_args():
@@ -73,6 +81,12 @@ def test_every_refused_flag_is_refused_in_every_launch_with_its_reason(flag, spe
         assert str(err.value).endswith(f"{flag} is refused: it {REFUSED[flag]}")
     else:  # the plain target refuses every speculative flag first
         assert "this launch runs the plain target" in str(err.value)
+
+
+def test_a_stage_address_replaces_the_block_s_and_a_port_is_given_at_start():
+    server = ServerLaunch.of({**BLOCK, "port": None, "extra_args": []}, "x.sglang", host="::1")
+    assert server.at(5).url == "http://[::1]:5" and server.request_timeout_s is None
+    assert server.at(5).command("/m")[5:9] == ["--host", "::1", "--port", "5"]
 
 
 def test_owned_flags_name_what_to_configure_instead():

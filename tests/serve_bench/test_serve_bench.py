@@ -30,11 +30,11 @@ from draftsmith.serve_bench.command import (
     ServeBenchError,
     check_draft,
     check_environment,
-    check_extra_args,
     check_launch,
     draft_command,
     launch_command,
     serving_context,
+    serving_server,
 )
 from draftsmith.serve_bench.settings import ServeBenchSettings
 from draftsmith.serve_bench.stage import (
@@ -244,6 +244,14 @@ def test_settings_resolve_the_chains_the_prompt_set_and_the_search_settings(tmp_
 def test_serving_context_may_follow_the_exported_context(tmp_path):
     _config(tmp_path, top={"export": {"serving_context": 16384}}, sglang={"context_length": 16384})
     _config(tmp_path, sglang={"context_length": 8192})  # train.max_position_embeddings 8192 covers it
+
+
+def check_extra_args(extra: list[str]) -> None:
+    """serve_benchmark.sglang with the schema's defaults and `extra`, as the settings build it."""
+    from draftsmith.config import load_schema
+
+    props = load_schema()["properties"]["serve_benchmark"]["properties"]["sglang"]["properties"]
+    serving_server({name: spec.get("default") for name, spec in props.items()} | {"extra_args": extra})
 
 
 @pytest.mark.parametrize(

@@ -10,17 +10,17 @@ settings the results were not built with."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import fmean
 
 from draftsmith.evaluate.measure import section_key
-from draftsmith.runtime.sglang import base_launch_command, speculative_flags
+from draftsmith.runtime.sglang import ServerLaunch, speculative_flags
 from draftsmith.serve_bench import EAGLE3, check_launch
 from draftsmith.speculation import Speculation
 
 # The recommended command's placeholders, and what it shows of the server beyond the context.
 TARGET_MODEL, DRAFT_DIR = "TARGET_MODEL", "DRAFT_DIR"
-EXAMPLE_SERVER = {"python": "python3", "host": "127.0.0.1", "port": 30000, "tp_size": 1}  # SGLang's defaults
+EXAMPLE_SERVER = ServerLaunch(python="python3", host="127.0.0.1", port=30000, tp_size=1)  # SGLang's defaults
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ def sglang_launch(setting: Speculation, context_length: int) -> Launch:
     """The example server at `context_length` (`EvaluateSettings.launch_context`), with the
     draft at `setting` and placeholders for the target and the draft."""
     served = speculative_flags(setting, EAGLE3, f"${DRAFT_DIR}")
-    server = {**EXAMPLE_SERVER, "context_length": context_length}
-    cmd = base_launch_command(f"${TARGET_MODEL}", server) + served
+    server = replace(EXAMPLE_SERVER, context_length=context_length)
+    cmd = server.command(f"${TARGET_MODEL}", served)
     return Launch(speculative_flags(setting, EAGLE3), cmd, check_launch(cmd, served))
 
 

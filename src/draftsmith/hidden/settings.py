@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftsmith.hidden.sglang_launch import CaptureServer
+from draftsmith.hidden.sglang_launch import capture_server
 from draftsmith.runtime.resources import hidden_gpus
+from draftsmith.runtime.sglang import ServerLaunch
 from draftsmith.target.layers import AuxLayers, LayerIdError
 
 
@@ -40,13 +41,13 @@ class HiddenSettings:
     aux_layers: AuxLayerChoice | None  # None: EAGLE-3's default for the target
     trust_remote_code: bool  # model.trust_remote_code, for loading the target (hf backend)
     gpus: int  # GPUs one shard job holds (`runtime.resources.hidden_gpus`)
-    sglang: CaptureServer | None  # the sglang backend's launch; None for hf
+    sglang: ServerLaunch | None  # the sglang backend's launch; None for hf
 
     @classmethod
     def of(cls, config: dict) -> HiddenSettings:
         extract = config["extract"]
         choice = extract["aux_layers"]
-        sglang = CaptureServer.of(extract["sglang"]) if extract["backend"] == "sglang" else None
+        sglang = capture_server(extract["sglang"]) if extract["backend"] == "sglang" else None
         return cls(
             experiment=config["experiment"],
             num_shards=extract["num_shards"],

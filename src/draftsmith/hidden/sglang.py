@@ -66,11 +66,10 @@ from draftsmith.hidden.sglang_launch import (
     RADIX_FLAG,
     CaptureError,
     CaptureMode,
-    CaptureServer,
     build_capture_command,
 )
 from draftsmith.runtime.process import ManagedServer
-from draftsmith.runtime.sglang import server_url
+from draftsmith.runtime.sglang import ServerLaunch
 from draftsmith.target.layers import AuxLayers
 from draftsmith.target.load import read_target_config
 
@@ -200,7 +199,7 @@ class SGLangCapture:
     def __init__(
         self,
         model_dir: str | Path,
-        server: CaptureServer,
+        server: ServerLaunch,
         aux: AuxLayers,
         *,
         mode: CaptureMode = CaptureMode.AUX,
@@ -210,7 +209,7 @@ class SGLangCapture:
         self.mode = mode
         self.cmd = build_capture_command(model_dir, server, aux, mode=mode)  # fail before launching
         self.hidden_size = int(read_target_config(model_dir)["hidden_size"])
-        self.url = server_url(server.launch_config())
+        self.url = server.url
         self._server = ManagedServer(
             self.cmd,
             health_url=f"{self.url}/health",

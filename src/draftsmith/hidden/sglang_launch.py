@@ -5,16 +5,13 @@ is set or refused: `draftsmith.hidden.sglang`'s docstring.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.runtime.sglang import (
-    base_launch_command,
+    ServerLaunch,
     canonical,
-    check_extra_args,
     parse_flags,
     refused_reason,
 )
@@ -74,46 +71,18 @@ class CaptureError(DraftsmithError, ValueError):
     """A capture launch that would record the wrong states, or an answer that does not fit."""
 
 
-@dataclass(frozen=True)
-class CaptureServer:
-    """`extract.sglang`: the capture server's launch settings (`HiddenSettings.sglang`)."""
-
-    python: str
-    host: str
-    port: int
-    tp_size: int
-    mem_fraction_static: float | None
-    context_length: int | None
-    extra_args: tuple[str, ...]  # refused at configure when they would change the capture
-    startup_timeout_s: float
-    request_timeout_s: float
-
-    @classmethod
-    def of(cls, section: dict) -> CaptureServer:
-        """`extract.sglang`, its extra args refused where they would change the capture."""
-        extra = tuple(str(arg) for arg in section["extra_args"])
-        check_capture_extra_args(extra)
-        named = {f.name: section[f.name] for f in fields(cls) if f.name != "extra_args"}
-        return cls(**named, extra_args=extra)
-
-    def launch_config(self) -> dict:
-        """The mapping `runtime.sglang`'s launch builders read (shared with the other stages)."""
-        return asdict(self)
-
-
-def check_capture_extra_args(extra: Sequence[str]) -> None:
-    """Refuse `extract.sglang.extra_args` that repeat a flag the capture sets or change what it
-    captures (`runtime.sglang.check_extra_args`); run once, when the settings are built."""
-    check_extra_args(list(extra), SECTION, _CAPTURE_OWNED, speculative=False)
+def capture_server(section: dict) -> ServerLaunch:
+    """`extract.sglang` (`HiddenSettings.sglang`), its extra args refused where they would
+    change the capture."""
+    return ServerLaunch.of(section, SECTION, _CAPTURE_OWNED)
 
 
 def build_capture_command(
-    model_dir: str | Path, server: CaptureServer, aux: AuxLayers, *, mode: CaptureMode = CaptureMode.AUX
+    model_dir: str | Path, server: ServerLaunch, aux: AuxLayers, *, mode: CaptureMode = CaptureMode.AUX
 ) -> list[str]:
     """The `sglang.launch_server` command for one capture pass of the target at `model_dir`
-    (its extra args were refused, where they had to be, by `check_capture_extra_args`)."""
-    base = base_launch_command(str(model_dir), server.launch_config())
-    cmd = [*base, *_capture_flags(aux, mode), *server.extra_args]
+    (its extra args were refused, where they had to be, by `capture_server`)."""
+    cmd = server.command(model_dir, _capture_flags(aux, mode))
     target = read_target_config(model_dir)
     _check_target(target, aux, Path(model_dir))
     validate_capture_command(cmd, aux, target_config=target)  # the builder obeys its own rules

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from draftsmith import config as cfg
 from draftsmith.formats.responses import Usage
 from draftsmith.runtime.resources import responses_gpus
-from draftsmith.runtime.sglang import check_extra_args
+from draftsmith.runtime.sglang import ServerLaunch
 
 SGLANG_SECTION = "generation.sglang"
 
@@ -97,32 +97,6 @@ class OpenAIGeneration:
 
 
 @dataclass(frozen=True)
-class SGLangServer:
-    """`generation.sglang`: the local server a job starts, its extra args refused as they are
-    built (`runtime.sglang.check_extra_args`: it must run the plain target)."""
-
-    python: str
-    host: str
-    port: int
-    tp_size: int
-    mem_fraction_static: float | None
-    context_length: int | None
-    extra_args: tuple[str, ...]
-    startup_timeout_s: float
-
-    @classmethod
-    def of(cls, section: dict) -> SGLangServer:
-        extra = tuple(str(arg) for arg in section["extra_args"])
-        check_extra_args(list(extra), SGLANG_SECTION, {}, speculative=False)
-        fields = {k: v for k, v in section.items() if k not in ("extra_args", "gpus")}
-        return cls(**fields, extra_args=extra)
-
-    def launch_config(self) -> dict:
-        """The mapping `runtime.sglang`'s launch builders read (shared with the other stages)."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class ResponsesSettings:
     """What one dataset's responses job reads."""
 
@@ -131,7 +105,7 @@ class ResponsesSettings:
     sampling: Sampling
     openai: OpenAIGeneration
     hf: HFGeneration | None  # the hf backend's; None for the others
-    sglang: SGLangServer | None  # the sglang backend's; None for the others
+    sglang: ServerLaunch | None  # the sglang backend's local server; None for the others
     trust_remote_code: bool  # model.trust_remote_code, for the tokenizer that counts prompt tokens
     gpus: int  # GPUs the job holds (`runtime.resources.responses_gpus`)
 
@@ -167,7 +141,7 @@ class ResponsesSettings:
                 if backend == "hf"
                 else None
             ),
-            sglang=SGLangServer.of(section["sglang"]) if backend == "sglang" else None,
+            sglang=ServerLaunch.of(section["sglang"], SGLANG_SECTION) if backend == "sglang" else None,
             trust_remote_code=config["model"]["trust_remote_code"],
             gpus=responses_gpus(config, backend),
         )

@@ -14,18 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftsmith.runtime.process import ManagedServer
-from draftsmith.runtime.sglang import base_launch_command, server_url
 
 if TYPE_CHECKING:
     from draftsmith.formats.datasets.rows import Prompt
     from draftsmith.formats.responses import Usage
-    from draftsmith.responses.settings import OpenAIGeneration, Sampling, SGLangServer
-
-
-def build_launch_command(model_dir: str, server: SGLangServer) -> list[str]:
-    """The `sglang.launch_server` command line for generation with the plain target (its extra
-    args were refused, where they had to be, as `server` was built)."""
-    return base_launch_command(model_dir, server.launch_config()) + list(server.extra_args)
+    from draftsmith.responses.settings import OpenAIGeneration, Sampling
+    from draftsmith.runtime.sglang import ServerLaunch
 
 
 class SGLangBackend:
@@ -33,7 +27,7 @@ class SGLangBackend:
         self,
         dataset: str,
         model_dir: str,
-        server: SGLangServer,
+        server: ServerLaunch,
         openai: OpenAIGeneration,
         sampling: Sampling,
         log_path: Path | None,
@@ -43,8 +37,8 @@ class SGLangBackend:
         self.server = server
         self.sampling = sampling
         self.log_path = log_path
-        self.cmd = build_launch_command(model_dir, server)
-        self.url = server_url(server.launch_config())
+        self.cmd = server.command(model_dir)  # the plain target: `of` refused speculative flags
+        self.url = server.url
         # Our own server serves model_dir and needs no key: never send it a paid-API key.
         self.openai = replace(openai, base_url=f"{self.url}/v1", model=None, api_key_env=None)
         self._server: ManagedServer | None = None

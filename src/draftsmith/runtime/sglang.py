@@ -1,7 +1,7 @@
 """SGLang launch policy: arguments as SGLang's argparse reads them (flags, values, prefixes),
-the base launch command, the flags draftsmith owns, the extra args refused in every launch
-(`REFUSED`, each with its reason), the builder of a launch command (`launch_command`), a
-speculative setting's flags (and those loading the draft), and the server's URL.
+a server's launch settings (`ServerLaunch`: its base command, extra args and URL), the flags
+draftsmith owns, the extra args refused in every launch (`REFUSED`, each with its reason),
+and a speculative setting's flags (and those loading the draft).
 
 Generation, capture and the serving benchmark all build their launches here, so a flag
 refused in one is refused in all, in any spelling SGLang accepts.
@@ -10,6 +10,7 @@ refused in one is refused in all, in any spelling SGLang accepts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftsmith.errors import ConfigError
@@ -71,16 +72,71 @@ class SGLangConfigError(ConfigError):
     """An sglang config section asks for a launch the builder cannot make."""
 
 
-def base_launch_command(model_dir: str, sglang_cfg: dict) -> list[str]:
-    """Model, address, parallelism and memory flags from an sglang config block; no extra args."""
-    cmd = [sglang_cfg["python"], "-m", "sglang.launch_server", "--model-path", model_dir]
-    cmd += ["--host", sglang_cfg["host"], "--port", str(sglang_cfg["port"])]
-    cmd += ["--tp-size", str(sglang_cfg["tp_size"])]
-    if sglang_cfg.get("mem_fraction_static") is not None:
-        cmd += ["--mem-fraction-static", str(sglang_cfg["mem_fraction_static"])]
-    if sglang_cfg.get("context_length") is not None:
-        cmd += ["--context-length", str(sglang_cfg["context_length"])]
-    return cmd
+@dataclass(frozen=True)
+class ServerLaunch:
+    """How one SGLang server starts (a config's `sglang` block): its extra args were refused,
+    where they had to be, when `of` built it."""
+
+    python: str
+    host: str
+    port: int | None  # None: a free loopback port, picked when the job starts (`at`)
+    tp_size: int
+    mem_fraction_static: float | None = None
+    context_length: int | None = None  # None: the target's own
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float | None = None  # None: a launch shown, not one a job starts
+    request_timeout_s: float | None = None  # None: the stage sets none per request
+
+    @classmethod
+    def of(
+        cls,
+        block: dict,
+        section: str,
+        owned: dict[str, str] | None = None,
+        *,
+        speculative: bool = False,
+        host: str | None = None,
+    ) -> ServerLaunch:
+        """The config block at `section` (`host`: the stage's own address instead of the
+        block's), its extra args refused as `check_extra_args` says."""
+        extra = tuple(str(arg) for arg in block["extra_args"])
+        check_extra_args(list(extra), section, owned or {}, speculative=speculative)
+        return cls(
+            python=block["python"],
+            host=host or block["host"],
+            port=block["port"],
+            tp_size=block["tp_size"],
+            mem_fraction_static=block["mem_fraction_static"],
+            context_length=block["context_length"],
+            extra_args=extra,
+            startup_timeout_s=block["startup_timeout_s"],
+            request_timeout_s=block.get("request_timeout_s"),
+        )
+
+    def at(self, port: int) -> ServerLaunch:
+        return replace(self, port=port)
+
+    def base_command(self, model_dir: str | Path) -> list[str]:
+        """Model, address, parallelism and memory flags; no extra args."""
+        cmd = [self.python, "-m", "sglang.launch_server", "--model-path", str(model_dir)]
+        cmd += ["--host", self.host, "--port", str(self.port), "--tp-size", str(self.tp_size)]
+        if self.mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
+        if self.context_length is not None:
+            cmd += ["--context-length", str(self.context_length)]
+        return cmd
+
+    def command(self, model_dir: str | Path, flags: Sequence[str] = ()) -> list[str]:
+        """The `sglang.launch_server` command: the base command, the stage's own `flags`, then
+        the extra args."""
+        return [*self.base_command(model_dir), *flags, *self.extra_args]
+
+    @property
+    def url(self) -> str:
+        """Base URL to reach the server from this machine."""
+        host = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
 
 
 def speculative_flags(setting: Speculation, algorithm: str, draft_dir: str | Path | None = None) -> list[str]:
@@ -103,7 +159,7 @@ def draft_flags(draft_dir: str | Path) -> list[str]:
 
 
 def owned_flags(section: str) -> dict[str, str]:
-    """Flags `base_launch_command` sets, mapped to what to configure in `section` instead."""
+    """Flags `ServerLaunch.base_command` sets, mapped to what to configure in `section` instead."""
     owned = dict.fromkeys(_MODEL_FLAGS, "the target model")
     return owned | {flag: f"{section}.{key}" for flag, key in _OWNED_KEYS.items()}
 
@@ -182,28 +238,3 @@ def check_extra_args(extra: list[str], section: str, owned: dict[str, str], *, s
         reason = refused_reason(flag)
         if reason:
             raise SGLangConfigError(f"{section}.extra_args: {flag} is refused: it {reason}")
-
-
-def launch_command(
-    model_dir: str,
-    sglang_cfg: dict,
-    section: str,
-    *,
-    flags: Sequence[str] = (),
-    owned: dict[str, str] | None = None,
-    speculative: bool = False,
-) -> list[str]:
-    """The `sglang.launch_server` command: the base command from `sglang_cfg` (the config block
-    at `section`), the stage's own `flags` (those of `owned` among them), then the configured
-    extra args, refused as `check_extra_args` says."""
-    extra = [str(arg) for arg in sglang_cfg.get("extra_args") or []]
-    check_extra_args(extra, section, owned or {}, speculative=speculative)
-    return base_launch_command(model_dir, sglang_cfg) + list(flags) + extra
-
-
-def server_url(sglang_cfg: dict) -> str:
-    """Base URL to reach the server from this machine."""
-    host = sglang_cfg["host"]
-    host = "127.0.0.1" if host in _WILDCARD_HOSTS else host
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{sglang_cfg['port']}"

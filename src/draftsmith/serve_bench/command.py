@@ -34,15 +34,14 @@ import argparse
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import ConfigError
 from draftsmith.export import SGLANG_ARCHITECTURE
-from draftsmith.runtime import sglang
 from draftsmith.runtime.sglang import (
     DRAFT_QUANTIZATION,
     UNQUANTIZED,
+    ServerLaunch,
     SGLangConfigError,
     flag_names,
     owned_flags,
@@ -59,7 +58,7 @@ EAGLE3 = "EAGLE3"
 HOST = "127.0.0.1"
 SIMULATE_ACCEPTANCE_ENV = "SGLANG_SIMULATE_ACC_LEN"
 
-# Flags the builder sets beyond `base_launch_command`'s, mapped to what to configure instead.
+# Flags the builder sets beyond `ServerLaunch.base_command`'s, mapped to what to configure instead.
 _OWNED = {
     "--speculative-algorithm": f"{SECTION}.speculative_algorithm",
     "--speculative-draft-model-path": "nothing (the benchmark serves the export's sglang/ directory)",
@@ -76,34 +75,18 @@ class ServeBenchError(ConfigError):
     """A benchmark that would measure something other than it says, or an answer that does not fit."""
 
 
-@dataclass(frozen=True)
-class Server:
-    """How the benchmark's servers start (`serve_benchmark.sglang`); they serve on `HOST`."""
-
-    python: str
-    port: int | None  # None: a free loopback port, picked when the job starts
-    tp_size: int
-    mem_fraction_static: float | None
-    context_length: int | None  # None: the target's own
-    extra_args: tuple[str, ...]
-    startup_timeout_s: float
-    request_timeout_s: float
-
-    @classmethod
-    def of(cls, sglang_section: dict) -> Server:
-        fields = {key: sglang_section[key] for key in cls.__dataclass_fields__}
-        return cls(**fields | {"extra_args": tuple(str(arg) for arg in sglang_section["extra_args"])})
-
-    def launch_block(self, port: int) -> dict:
-        """The generation.sglang-shaped block `runtime.sglang.launch_command` reads, for one server."""
-        keys = ("python", "tp_size", "mem_fraction_static", "context_length")
-        block = {key: getattr(self, key) for key in keys}
-        return block | {"extra_args": list(self.extra_args), "host": HOST, "port": port}
+def serving_server(section: dict) -> ServerLaunch:
+    """`serve_benchmark.sglang`: the benchmark's servers, on `HOST`, their extra args refused
+    where they repeat a flag the builder sets or would falsify the measurement."""
+    try:
+        return ServerLaunch.of(section, SGLANG_SECTION, _OWNED, speculative=True, host=HOST)
+    except SGLangConfigError as exc:
+        raise ServeBenchError(str(exc)) from None
 
 
 def draft_command(
     model_dir: str | Path,
-    server: Server,
+    server: ServerLaunch,
     port: int,
     draft_dir: str | Path,
     setting: Speculation,
@@ -114,21 +97,11 @@ def draft_command(
 
 
 def launch_command(
-    model_dir: str | Path, server: Server, port: int, speculative: Sequence[str] = ()
+    model_dir: str | Path, server: ServerLaunch, port: int, speculative: Sequence[str] = ()
 ) -> list[str]:
-    """`server` for `model_dir`, the `speculative` flags (`speculative_flags`), then the extra
-    args, refused if they would change what is served."""
-    try:
-        return sglang.launch_command(
-            str(model_dir),
-            server.launch_block(port),
-            SGLANG_SECTION,
-            flags=speculative,
-            owned=_OWNED,
-            speculative=True,
-        )
-    except SGLangConfigError as exc:
-        raise ServeBenchError(str(exc)) from None
+    """`server` at `port` for `model_dir`, the `speculative` flags (`speculative_flags`), then
+    the extra args (`serving_server` refused those that would change what is served)."""
+    return server.at(port).command(model_dir, speculative)
 
 
 def check_launch(cmd: list[str], checked: Sequence[str]) -> bool:
@@ -168,14 +141,6 @@ def check_architectures(architectures: list[str]) -> None:
         )
 
 
-def check_extra_args(extra: list[str]) -> None:
-    """Refuse extra args that repeat builder flags or would falsify the measurement."""
-    try:
-        sglang.check_extra_args(extra, SGLANG_SECTION, _OWNED, speculative=True)
-    except SGLangConfigError as exc:
-        raise ServeBenchError(str(exc)) from None
-
-
 def check_draft(draft_dir: Path, serving_context: int) -> dict:
     """Refuse a draft directory SGLang would serve wrongly; returns its config.json."""
 
@@ -195,7 +160,7 @@ def check_draft(draft_dir: Path, serving_context: int) -> dict:
     return draft_config
 
 
-def serving_context(server: Server, target_config: dict) -> int:
+def serving_context(server: ServerLaunch, target_config: dict) -> int:
     """The context SGLang serves: the configured one, else the target's max_position_embeddings."""
     if server.context_length is not None:
         return server.context_length

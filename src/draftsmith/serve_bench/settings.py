@@ -15,13 +15,13 @@ from draftsmith.config import export_serving_context, served_search_settings
 from draftsmith.evaluate import PromptSetEntry
 from draftsmith.export import SGLANG_ARCHITECTURE
 from draftsmith.runtime.resources import serve_bench_gpus
+from draftsmith.runtime.sglang import ServerLaunch
 from draftsmith.serve_bench.command import (
     EAGLE3,
     SECTION,
     SGLANG_SECTION,
     ServeBenchError,
-    Server,
-    check_extra_args,
+    serving_server,
 )
 from draftsmith.speculation import Speculation
 
@@ -42,7 +42,7 @@ class ServeBenchSettings:
     max_new_tokens: int
     concurrency: tuple[int, ...]
     warmup_requests: int
-    server: Server
+    server: ServerLaunch
     search_settings: int  # how many of the settings search's best it also serves (0: none)
     gpus: int  # GPUs the job holds (`runtime.resources.serve_bench_gpus`)
 
@@ -51,7 +51,6 @@ class ServeBenchSettings:
         """Refuses an unknown prompt set, EAGLE, a chain SGLang would run otherwise, falsifying
         extra args and a served context above the exported one, every problem in one error."""
         bench, sets = config[SECTION], config["evaluate"]["prompt_sets"]
-        server = Server.of(bench["sglang"])
         problems: list[str] = []
 
         def attempt(check: Callable[[], T]) -> T | None:
@@ -65,8 +64,9 @@ class ServeBenchSettings:
         attempt(lambda: _check_prompt_set(bench["prompt_set"], sets))
         attempt(lambda: _check_algorithm(bench["speculative_algorithm"]))
         chains = tuple(attempt(lambda k=k: _chain(bench, k)) for k in bench["k"])
-        attempt(lambda: check_extra_args(list(server.extra_args)))
-        attempt(lambda: _check_planned_context(server.context_length, export_serving_context(config)))
+        server = attempt(lambda: serving_server(bench["sglang"]))
+        context = bench["sglang"]["context_length"]
+        attempt(lambda: _check_planned_context(context, export_serving_context(config)))
         if problems:
             raise ServeBenchError("; ".join(dict.fromkeys(problems)))
         name = bench["prompt_set"]
