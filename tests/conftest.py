@@ -105,6 +105,14 @@ def copied_pipeline(built: tuple[Path, dict], to: Path) -> tuple[Path, dict]:
     return to, dict(config, artifacts_dir=str(to / Path(config["artifacts_dir"]).relative_to(work)))
 
 
+def sglang_block(section: str, **overrides) -> dict:
+    """`<section>.sglang` (generation, extract or serve_benchmark) with the schema's defaults."""
+    from draftsmith.config import load_schema
+
+    props = load_schema()["properties"][section]["properties"]["sglang"]["properties"]
+    return {name: spec.get("default") for name, spec in props.items()} | overrides
+
+
 def openai_cfg(url: str, **overrides):
     """generation.openai's settings from the schema's defaults, as config loading fills them
     in, with fast retries for the fault proxy."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import openai_cfg, sglang_server_args
+from conftest import openai_cfg, sglang_block, sglang_server_args
 
 from draftsmith.errors import DraftsmithError, GenerationError
 from draftsmith.formats.responses import Usage
@@ -23,18 +23,7 @@ MODEL = "/models/target"
 
 def _cfg(**overrides) -> dict:
     """generation.sglang with the schema's defaults."""
-    cfg = {
-        "python": "python3",
-        "host": "127.0.0.1",
-        "port": 30000,
-        "tp_size": 1,
-        "mem_fraction_static": None,
-        "context_length": None,
-        "extra_args": [],
-        "startup_timeout_s": 1800,
-        "gpus": 1,
-    }
-    return {**cfg, **overrides}
+    return sglang_block("generation", **overrides)
 
 
 def _server(**overrides) -> ServerLaunch:

@@ -4,6 +4,7 @@ policy every launch shares (owned flags, refused flags with their reasons, the b
 from __future__ import annotations
 
 import pytest
+from conftest import sglang_block
 
 from draftsmith.runtime.sglang import (
     REFUSED,
@@ -48,15 +49,7 @@ def test_canonical_resolves_only_what_argparse_would():
     assert canonical("--model", ("--model-path", "--model")) == "--model"
 
 
-BLOCK = {
-    "python": "python3",
-    "host": "127.0.0.1",
-    "port": 30000,
-    "tp_size": 1,
-    "mem_fraction_static": None,
-    "context_length": None,
-    "startup_timeout_s": 60,
-}
+BLOCK = sglang_block("generation")  # python3 on 127.0.0.1:30000, tp 1
 
 
 def _launch(extra: list[str], *, speculative: bool = False) -> list[str]:

@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import sglang_server_args, write_rows, write_training
+from conftest import sglang_block, sglang_server_args, write_rows, write_training
 
 from draftsmith.errors import ConfigError, ServerError
 from draftsmith.formats.prompt_sets import OverlapError
@@ -248,10 +248,7 @@ def test_serving_context_may_follow_the_exported_context(tmp_path):
 
 def check_extra_args(extra: list[str]) -> None:
     """serve_benchmark.sglang with the schema's defaults and `extra`, as the settings build it."""
-    from draftsmith.config import load_schema
-
-    props = load_schema()["properties"]["serve_benchmark"]["properties"]["sglang"]["properties"]
-    serving_server({name: spec.get("default") for name, spec in props.items()} | {"extra_args": extra})
+    serving_server(sglang_block("serve_benchmark", extra_args=extra))
 
 
 @pytest.mark.parametrize(
