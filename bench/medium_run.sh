@@ -15,7 +15,7 @@ if [ ! -f data/docs-train.jsonl ]; then
         --min-train 10000 --heldout-count 64 "${packages[@]}"
 fi
 if [ ! -f data/styles/prose-heldout.jsonl ]; then
-    python -m draftsmith promptgen styles --out-dir data/styles --train-count 8000 --heldout-count 16 \
+    python -m draftsmith promptgen styles --out-dir data/styles --train-count 15000 --heldout-count 16 \
         "${packages[@]}"
 fi
 [ "${1:-}" != --prompts ] || exit 0
