@@ -77,7 +77,11 @@ report() {
         [ -f "$file" ] && cp "$file" "$out/"
     done
     file=$(ls -t artifacts/evaluate/*/benchmark.json 2>/dev/null | head -1)
-    [ -n "$file" ] && cp "$file" "$out/benchmark.json"
+    if [ -n "$file" ]; then
+        cp "$file" "$out/benchmark.json"
+        # Each prompt's acceptance per setting: the spread behind a set's figure.
+        cp "$(dirname "$file")/per_prompt.jsonl" "$out/" 2>/dev/null || true
+    fi
     file=$(ls -t artifacts/train/*/train_summary.json 2>/dev/null | head -1)
     [ -n "$file" ] && cp "$file" "$out/train_summary.json"
     tail -n 60 /tmp/device_run.log >"$out/run_tail.log" 2>/dev/null || true
