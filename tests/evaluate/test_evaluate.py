@@ -149,6 +149,8 @@ def test_speculative_is_lossless_and_counts_add_up(model, draft, aux, heldout, s
         assert all(0 <= r <= k for r in run.reach)
     stats = _acceptance(runs, k, "per_position")  # raises unless AL == 1 + sum(p_i)
     assert 1 <= stats["acceptance_length"] <= k + 1
+    low, high = stats["acceptance_length_range"]
+    assert low <= stats["acceptance_length"] <= high
     assert stats["acceptance_length"] == pytest.approx(1 + sum(stats["per_position"]))
     assert stats["per_position"] == sorted(stats["per_position"], reverse=True)
     # The repeating prompt must have had accepted rounds (all k of them for k=1), or
@@ -667,3 +669,16 @@ def test_vocab_coverage_counts_output_tokens_after_the_first():
     assert vocab_coverage(draft, runs) == pytest.approx(3 / 4)
     with pytest.raises(EvaluationError, match="max_new_tokens"):
         vocab_coverage(draft, [sd.Decoded([0])])
+
+
+def test_acceptance_gives_the_range_of_one_prompts_acceptance_length():
+    # 4 tokens after the prefill's in 2 steps (AL 2), 3 in 3 steps (AL 1), and a prompt that
+    # ended at its first token (no verify step: in no prompt's figure).
+    runs = [
+        sd.Decoded([7, 1, 2, 3, 4], reach=[1, 1]),
+        sd.Decoded([7, 5, 6, 8], reach=[0, 0, 0]),
+        sd.Decoded([9]),
+    ]
+    stats = _acceptance(runs, 1, "per_position")
+    assert stats["acceptance_length"] == pytest.approx(7 / 5)
+    assert stats["acceptance_length_range"] == [1.0, 2.0]

@@ -60,6 +60,7 @@ def fixture_benchmark(lossless: bool = True) -> dict:
         seconds = round(8.0 / length * 1.1, 3)
         return {
             "acceptance_length": length,
+            "acceptance_length_range": [round(length - 0.25, 4), round(length + 0.5, 4)],
             "acceptance_rate": round(sum(per_position) / k, 4),
             "per_position": per_position,
             "verify_steps": round(96 / length),
@@ -77,6 +78,7 @@ def fixture_benchmark(lossless: bool = True) -> dict:
             "topk": topk,
             "num_draft_tokens": num_draft_tokens,
             "acceptance_length": 1 + sum(per_depth),
+            "acceptance_length_range": [round(sum(per_depth), 4), round(1.5 + sum(per_depth), 4)],
             "per_depth": per_depth,
             "verify_steps": round(96 / (1 + sum(per_depth))),
             "tokens": 96,
@@ -378,14 +380,18 @@ def test_summary_holds_the_input_numbers():
         assert "96 tokens in 8.00 s, 12.0 tokens/s" in part
         for k, result in prompt_set["by_k"].items():
             row = table_row(part, k)
-            assert row[1] == f"{result['acceptance_length']:.2f}" and row[2] == str(int(k) + 1)
-            assert row[7] == f"{result['tokens_per_s']:.1f}" and row[8] == f"{result['speedup']:.2f}x"
+            low, high = result["acceptance_length_range"]
+            assert row[1:3] == [f"{result['acceptance_length']:.2f}", f"{low:.2f}-{high:.2f}"]
+            assert row[3] == str(int(k) + 1)
+            assert row[8] == f"{result['tokens_per_s']:.1f}" and row[9] == f"{result['speedup']:.2f}x"
         for result in prompt_set["by_tree"].values():
             shape = f"{result['num_steps']}/{result['topk']}/{result['num_draft_tokens']}"
             row = table_row(part, shape)
-            assert row[1] == f"{result['acceptance_length']:.2f}" and row[2] == str(result["num_steps"] + 1)
-            assert row[3] == " / ".join(f"{p:.2f}" for p in result["per_depth"])
-            assert row[6] == f"{result['tokens_per_s']:.1f}" and row[7] == f"{result['speedup']:.2f}x"
+            low, high = result["acceptance_length_range"]
+            assert row[1:3] == [f"{result['acceptance_length']:.2f}", f"{low:.2f}-{high:.2f}"]
+            assert row[3] == str(result["num_steps"] + 1)
+            assert row[4] == " / ".join(f"{p:.2f}" for p in result["per_depth"])
+            assert row[7] == f"{result['tokens_per_s']:.1f}" and row[8] == f"{result['speedup']:.2f}x"
     # The best line covers both kinds: a tree wins `chat`, a chain `code`.
     best_k, best = max(benchmark["prompt_sets"]["code"]["by_k"].items(), key=lambda item: item[1]["speedup"])
     assert best["speedup"] > 1.5 and f"Best: k={best_k}, {best['speedup']:.2f}x" in section(

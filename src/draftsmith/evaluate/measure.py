@@ -76,7 +76,9 @@ def check_lossless(
 
 def _acceptance(runs: list[Decoded], depth: int, shares: str) -> dict:
     """AL over the verify steps of `runs`, and under `shares` the share of verify steps that
-    accepted at least d proposals, d = 1..depth (chain positions, or tree depths)."""
+    accepted at least d proposals, d = 1..depth (chain positions, or tree depths); and the
+    lowest and highest AL of one prompt (those with a verify step): how far a set's figure
+    rests on a few prompts."""
     reach = [r for run in runs for r in run.reach]
     steps = len(reach)
     if not steps:
@@ -85,7 +87,13 @@ def _acceptance(runs: list[Decoded], depth: int, shares: str) -> dict:
     length = sum(len(run.tokens) - 1 for run in runs) / steps  # the first token is the prefill's
     if not math.isclose(length, 1 + sum(per_depth), rel_tol=1e-9):
         raise EvaluationError(f"AL {length} != 1 + sum({shares}) {1 + sum(per_depth)}")
-    return {"acceptance_length": length, shares: per_depth, "verify_steps": steps}
+    per_prompt = [(len(run.tokens) - 1) / run.verify_steps for run in runs if run.verify_steps]
+    return {
+        "acceptance_length": length,
+        "acceptance_length_range": [min(per_prompt), max(per_prompt)],
+        shares: per_depth,
+        "verify_steps": steps,
+    }
 
 
 def _result(setting: Speculation, runs: list[Decoded]) -> dict:

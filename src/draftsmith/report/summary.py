@@ -136,6 +136,7 @@ def _prompt_set(name: str, entry: dict) -> str:
         [
             k,
             fmt(r["acceptance_length"]),
+            _spread(r),
             k + 1,
             fmt(r["acceptance_rate"], 3),
             " / ".join(fmt(p, 2) for p in r["per_position"]),
@@ -146,7 +147,8 @@ def _prompt_set(name: str, entry: dict) -> str:
         ]
         for k, r in by_k(entry)
     ]
-    headers = ["k", "acceptance length", "bound k+1", "acceptance rate", "per position"]
+    headers = ["k", "acceptance length", "one prompt's, lowest-highest", "bound k+1", "acceptance rate"]
+    headers += ["per position"]
     headers += ["verify steps", "tokens", "tokens/s", "speed-up"]
     label, best = best_result(entry)
     return (
@@ -161,6 +163,12 @@ def _prompt_set(name: str, entry: dict) -> str:
     )
 
 
+def _spread(result: dict) -> str:
+    """The lowest and highest acceptance length of one prompt at a setting."""
+    low, high = result["acceptance_length_range"]
+    return f"{fmt(low)}-{fmt(high)}"
+
+
 def _trees(entry: dict) -> str:
     """The tree settings' table (none when the evaluation measured chains only)."""
     if not entry["by_tree"]:
@@ -169,6 +177,7 @@ def _trees(entry: dict) -> str:
         [
             Speculation.of(r).shape,
             fmt(r["acceptance_length"]),
+            _spread(r),
             r["num_steps"] + 1,
             " / ".join(fmt(p, 2) for p in r["per_depth"]),
             fmt(r["verify_steps"]),
@@ -178,6 +187,7 @@ def _trees(entry: dict) -> str:
         ]
         for r in entry["by_tree"].values()
     ]
-    headers = ["tree (num_steps/topk/num_draft_tokens)", "acceptance length", "bound num_steps+1"]
+    headers = ["tree (num_steps/topk/num_draft_tokens)", "acceptance length", "one prompt's, lowest-highest"]
+    headers += ["bound num_steps+1"]
     headers += ["per depth", "verify steps", "tokens", "tokens/s", "speed-up"]
     return "\n" + table(headers, rows)

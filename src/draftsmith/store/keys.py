@@ -39,7 +39,7 @@ STAGE_VERSIONS = {
     "vocab": 1,
     "train": 2,
     "export": 1,
-    "evaluate": 2,
+    "evaluate": 3,  # 3: each setting's per-prompt AL range
     "search": 1,
     "serve_bench": 1,
 }
