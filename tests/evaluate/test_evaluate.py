@@ -534,6 +534,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
     for k, result in tiny["by_k"].items():
         assert set(result) == {
             "acceptance_length",
+            "acceptance_length_range",
             "acceptance_rate",
             "per_position",
             "verify_steps",
@@ -543,6 +544,8 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
             "speedup",
         }
         assert len(result["per_position"]) == int(k)
+        low, high = result["acceptance_length_range"]
+        assert 1 <= low <= result["acceptance_length"] <= high <= int(k) + 1
         assert result["tokens"] == tiny["baseline"]["tokens"]  # lossless: the same outputs
         assert result["speedup"] == pytest.approx(result["tokens_per_s"] / tiny["baseline"]["tokens_per_s"])
     assert set(tiny["by_tree"]) == {"2-2-4"}
@@ -552,6 +555,7 @@ def test_stage_writes_the_benchmark_schema(tmp_path, demo_model_dir, model_info,
         "topk",
         "num_draft_tokens",
         "acceptance_length",
+        "acceptance_length_range",
         "per_depth",
         "verify_steps",
         "tokens",
