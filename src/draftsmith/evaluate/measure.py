@@ -87,7 +87,7 @@ def _acceptance(runs: list[Decoded], depth: int, shares: str) -> dict:
     length = sum(len(run.tokens) - 1 for run in runs) / steps  # the first token is the prefill's
     if not math.isclose(length, 1 + sum(per_depth), rel_tol=1e-9):
         raise EvaluationError(f"AL {length} != 1 + sum({shares}) {1 + sum(per_depth)}")
-    per_prompt = [(len(run.tokens) - 1) / run.verify_steps for run in runs if run.verify_steps]
+    per_prompt = [run.acceptance_length for run in runs if run.verify_steps]
     return {
         "acceptance_length": length,
         "acceptance_length_range": [min(per_prompt), max(per_prompt)],
@@ -135,7 +135,7 @@ def _row(set_name: str, prompt: EvalPrompt, setting: Speculation | None, run: De
         "prompt_tokens": len(prompt.input_ids),
         "tokens": len(run.tokens),
         "verify_steps": steps,
-        "acceptance_length": (len(run.tokens) - 1) / steps if steps else None,
+        "acceptance_length": run.acceptance_length if setting else None,
         "seconds": run.seconds,
     }
 

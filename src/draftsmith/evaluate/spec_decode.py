@@ -53,6 +53,11 @@ class Decoded:
     def verify_steps(self) -> int:
         return len(self.reach)
 
+    @property
+    def acceptance_length(self) -> float | None:
+        """Tokens per verify step, the prefill's first token left out; None without a step."""
+        return (len(self.tokens) - 1) / self.verify_steps if self.verify_steps else None
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
